@@ -1,0 +1,1 @@
+"""Corpus construction, dataset loaders, robustness variants, test-suite databases, validation."""

@@ -1,0 +1,113 @@
+"""The example record every dataset is normalised to, and the on-disk corpus layout."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
+SPLITS = ("train", "dev", "test")
+VARIANTS = ("syn", "realistic", "dk")
+
+
+class CorpusError(ValueError):
+    """A corpus or dataset file is missing or malformed; the message names file and field."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    db_id: str
+    question: str
+    gold_sql: str
+    hardness: str  # Spider hardness of gold_sql: easy | medium | hard | extra
+    evidence: str = ""  # BIRD-style external knowledge; empty when none
+    reasoning: str = ""  # short trace derived from the gold structure (SFT warm start)
+    source: str = "bundled"  # bundled | spider | bird | synsql
+    difficulty: str = ""  # dataset's own label when it has one (BIRD: simple/moderate/challenging)
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True)
+
+
+_REQUIRED = ("id", "db_id", "question", "gold_sql", "hardness")
+
+
+def example_from_dict(obj: object, where: str) -> Example:
+    if not isinstance(obj, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in _REQUIRED:
+        if not isinstance(obj.get(key), str) or not obj.get(key):
+            raise CorpusError(f"{where}: field '{key}' is missing or not a non-empty string")
+    known = {f for f in Example.__dataclass_fields__}
+    unknown = set(obj) - known
+    if unknown:
+        raise CorpusError(f"{where}: unknown field(s) {sorted(unknown)}")
+    return Example(**obj)
+
+
+def write_jsonl(path: Path, examples: Iterable[Example]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for ex in examples:
+            fh.write(ex.to_json() + "\n")
+            n += 1
+    tmp.replace(path)  # atomic: a crash never leaves a half-written split
+    return n
+
+
+def read_jsonl(path: Path) -> Iterator[Example]:
+    try:
+        fh = path.open("r", encoding="utf-8")
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: file not found") from None
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            yield example_from_dict(obj, f"{path}:{lineno}")
+
+
+@dataclass(frozen=True)
+class CorpusLayout:
+    """Where a built corpus keeps its parts (root = params ``data.out_dir``)."""
+
+    root: Path
+
+    @property
+    def databases(self) -> Path:  # databases/<db_id>/<db_id>.sqlite
+        return self.root / "databases"
+
+    def database(self, db_id: str) -> Path:
+        return self.databases / db_id / f"{db_id}.sqlite"
+
+    @property
+    def tables_json(self) -> Path:  # Spider-format schemas of every database
+        return self.root / "tables.json"
+
+    def split(self, name: str) -> Path:  # train.jsonl, dev.jsonl, test.jsonl
+        return self.root / f"{name}.jsonl"
+
+    def variant(self, name: str) -> Path:  # variants/syn.jsonl, ...
+        return self.root / "variants" / f"{name}.jsonl"
+
+    def neighbours(self, db_id: str) -> list[Path]:  # test-suite databases of db_id
+        folder = self.root / "neighbours" / db_id
+        return sorted(folder.glob("*.sqlite")) if folder.exists() else []
+
+    def test_suite(self, db_id: str) -> list[Path]:
+        """The original database first, then its neighbours: what TS evaluates on."""
+        return [self.database(db_id), *self.neighbours(db_id)]
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"

@@ -1,0 +1,58 @@
+"""Shared fixtures: paths, a small real SQLite database, the conformance corpus."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def conformance_dir() -> Path | None:
+    """../shared/conformance/spider, or PROGRESS_SQL_CONFORMANCE when set."""
+    env = os.environ.get("PROGRESS_SQL_CONFORMANCE")
+    path = Path(env) if env else REPO.parent / "shared" / "conformance" / "spider"
+    return path if (path / "dev_gold.txt").exists() else None
+
+
+@pytest.fixture(scope="session")
+def conformance() -> Path:
+    path = conformance_dir()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("conformance corpus missing: set PROGRESS_SQL_CONFORMANCE")
+        pytest.skip("conformance corpus not found (set PROGRESS_SQL_CONFORMANCE)")
+    return path
+
+
+@pytest.fixture()
+def school_db(tmp_path: Path) -> Path:
+    """A small real database: departments, students, courses, enrolments."""
+    path = tmp_path / "school.sqlite"
+    con = sqlite3.connect(path)
+    con.executescript(
+        """
+        CREATE TABLE department (dept_id INTEGER PRIMARY KEY, name TEXT NOT NULL, budget REAL);
+        CREATE TABLE student (stu_id INTEGER PRIMARY KEY, name TEXT, age INTEGER,
+                              dept_id INTEGER REFERENCES department(dept_id));
+        CREATE TABLE course (course_id INTEGER PRIMARY KEY, title TEXT, credits INTEGER,
+                             dept_id INTEGER REFERENCES department(dept_id));
+        CREATE TABLE enrolment (stu_id INTEGER REFERENCES student(stu_id),
+                                course_id INTEGER REFERENCES course(course_id), grade REAL,
+                                PRIMARY KEY (stu_id, course_id));
+        """
+    )
+    con.executemany("INSERT INTO department VALUES (?,?,?)",
+                    [(1, "Physics", 1000.0), (2, "History", 500.0), (3, "Math", 800.0)])
+    con.executemany("INSERT INTO student VALUES (?,?,?,?)",
+                    [(i, f"s{i}", 17 + i % 8, 1 + i % 3) for i in range(1, 31)])
+    con.executemany("INSERT INTO course VALUES (?,?,?,?)",
+                    [(i, f"c{i}", 2 + i % 3, 1 + i % 3) for i in range(1, 10)])
+    con.executemany("INSERT INTO enrolment VALUES (?,?,?)",
+                    [(s, c, float((s * c) % 5)) for s in range(1, 31) for c in range(1, 10) if (s + c) % 3 == 0])
+    con.commit()
+    con.close()
+    return path
