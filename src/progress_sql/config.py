@@ -107,6 +107,7 @@ class ReasoningSQLRewardSettings(_Section):
     judge_backend: Literal["off", "openai", "local"] = "off"
     judge_endpoint: str = ""
     judge_model: str = ""
+    judge_timeout_s: float = Field(60.0, gt=0.0)  # one judge request, seconds
 
 
 class SQLTrailTurnLimits(_Section):
@@ -157,6 +158,21 @@ class MixRatios(_Section):
     synsql: float = Field(0.3, ge=0.0)
 
 
+class HardnessMix(_Section):
+    """Target shares of Spider hardness levels in each bundled split (normalised when drawn)."""
+
+    easy: float = Field(0.25, ge=0.0)
+    medium: float = Field(0.35, ge=0.0)
+    hard: float = Field(0.20, ge=0.0)
+    extra: float = Field(0.20, ge=0.0)
+
+    @model_validator(mode="after")
+    def _positive_total(self) -> "HardnessMix":
+        if sum(self.model_dump().values()) <= 0:
+            raise ValueError("data.hardness_mix: the shares must not all be zero")
+        return self
+
+
 class DataSettings(_Section):
     seed: int = Field(0, ge=0)
     out_dir: str = "data/corpus"
@@ -171,6 +187,13 @@ class DataSettings(_Section):
     gold_timeout_s: float = Field(2.0, gt=0.0)
     mix_total: int = Field(20_000, ge=1)
     mix: MixRatios = MixRatios()
+    # Bundled corpus (progress_sql.data.build): rows, hardness, empty golds, evidence, fuzzing.
+    rows_scale: float = Field(1.0, gt=0.0, le=20.0)  # × each table's catalogue row range
+    hardness_mix: HardnessMix = HardnessMix()
+    empty_gold_share: float = Field(0.02, ge=0.0, le=1.0)  # empty-result golds the build keeps
+    evidence_share: float = Field(0.3, ge=0.0, le=1.0)  # DK-phrased with evidence, where a rule applies
+    fuzz_keep: float = Field(0.5, ge=0.0, le=1.0)  # neighbour values kept from the original row
+    fuzz_rows: float = Field(0.2, ge=0.0, le=0.9)  # neighbour row count within ±this share
 
     @model_validator(mode="after")
     def _splits_fit(self) -> "DataSettings":
@@ -178,6 +201,8 @@ class DataSettings(_Section):
             raise ValueError(
                 "data.n_databases must exceed data.n_dev_databases + data.n_test_databases"
             )
+        if self.empty_gold_share > self.max_empty_gold_share:
+            raise ValueError("data.empty_gold_share must not exceed data.max_empty_gold_share")
         return self
 
 

@@ -1,0 +1,40 @@
+# The two set-up commands of the README. Both create .venv and install the pinned stack first.
+#   make pipeline   builds and validates the bundled corpus through `dvc repro` (the whole pipeline)
+#   make test       runs the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+# Offline and quiet: nothing phones home, nothing downloads models at run time.
+export HF_HUB_OFFLINE := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export GX_ANALYTICS_ENABLED := false
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup test pipeline bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,dev]" \
+	  || { echo "sqlglot[c] unavailable: installing with pure-Python sqlglot"; \
+	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,dev]"; }
+	$(BIN)/python -c "import progress_sql.sql.parse as p; print('sqlglot compiled:', p.sqlglot_compiled())"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+pipeline: setup
+	$(BIN)/dvc config core.analytics false
+	$(BIN)/dvc config core.check_update false
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+
+bench: setup
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

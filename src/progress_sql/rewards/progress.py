@@ -1,0 +1,108 @@
+"""Progress-SQL's progressive reward (progress-sql.md §4.2, Algorithm 1 of Appendix C).
+
+R(Y) = R_fmt + R_exec + R_late + R_align over the trajectory Y = (y_1, …, y_K):
+
+- R_align = ω_align+ · Δ if Δ > 0 else ω_align−, with Δ = F(y_K) − F(y_1) and
+  F = ½(F_struct + F_lex): F_struct the ODT root score, F_lex the SQL-token 2-gram Jaccard.
+  A turn without extractable SQL counts as empty text (F_struct 0, F_lex 0).
+  A single-turn trajectory has y_K = y_1, so Δ = 0 and R_align = ω_align− (what the formula
+  gives; it is the same for every one-turn rollout, so it does not change GRPO advantages).
+- R_late = ω_acc · γ^(k*−1) at the first correct turn k* when 1 ≤ k* ≤ T, else 0.
+- R_exec = ω_keep / ω_rec / ω_det / 0 for E(y_1) → E(y_K): executable → executable /
+  not → executable / executable → not / not → not.
+- R_fmt = ω_fmt when the final output is a well-formed ``<think>…</think><sql>…</sql>``.
+"""
+
+from __future__ import annotations
+
+from progress_sql.config import ODTSettings, ProgressRewardSettings, RewardSettings
+from progress_sql.odt import structural_score
+from progress_sql.rewards.components import executable, format_ok, ngram_similarity
+from progress_sql.rewards.types import Judge, Recipe, RecipeSettings, RewardOutput, Trajectory, reward_output
+
+NAME = "progress"
+FORMAT = "think_sql"
+COMPONENTS = ("align", "late", "exec", "format")
+LEX_N = 2  # F_lex is a 2-gram Jaccard by the paper's definition, not a tunable
+
+
+def alignment(sql: str | None, gold_sql: str, odt: ODTSettings | None = None) -> tuple[float, float]:
+    """(F, F_struct) of one SQL against the gold; missing SQL counts as empty text."""
+    f_struct = structural_score(sql, gold_sql, odt) if sql else 0.0
+    f_lex = ngram_similarity(sql, gold_sql, LEX_N)
+    return 0.5 * (f_struct + f_lex), f_struct
+
+
+def progress_terms(
+    delta: float,
+    k_star: int | None,
+    max_turns: int,
+    exec_first: bool,
+    exec_last: bool,
+    well_formed: bool,
+    w: ProgressRewardSettings,
+) -> dict[str, float]:
+    """The four weighted terms of Eq. (1)-(4) from the trajectory's summary statistics.
+
+    Kept separate from the trajectory walk so the reward analysis (upper bound over Δ for each
+    k*) runs through exactly the arithmetic the recipe uses.
+    """
+    align = w.align_pos * delta if delta > 0 else w.align_neg
+    late = w.acc * w.gamma ** (k_star - 1) if k_star is not None and 1 <= k_star <= max_turns else 0.0
+    if exec_first and exec_last:
+        status = w.keep
+    elif exec_last:
+        status = w.recover
+    elif exec_first:
+        status = w.deteriorate
+    else:
+        status = 0.0
+    return {"align": align, "late": late, "exec": status, "format": w.format if well_formed else 0.0}
+
+
+def first_correct_turn(trajectory: Trajectory) -> int | None:
+    """k*: the 1-based index of the first turn whose execution matched the gold, or None."""
+    return next((i for i, turn in enumerate(trajectory.turns, start=1) if turn.correct), None)
+
+
+def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = None) -> RewardOutput:
+    """The progressive reward of one trajectory (``judge`` is unused)."""
+    first, last = trajectory.first, trajectory.last
+    f_first, s_first = alignment(first.sql, trajectory.gold_sql, cfg.odt)
+    if len(trajectory.turns) == 1:
+        f_last, s_last = f_first, s_first
+    else:
+        f_last, s_last = alignment(last.sql, trajectory.gold_sql, cfg.odt)
+    delta = f_last - f_first
+    k_star = first_correct_turn(trajectory)
+    terms = progress_terms(
+        delta,
+        k_star,
+        trajectory.max_turns,
+        executable(first),
+        executable(last),
+        format_ok(last.text, FORMAT),
+        cfg.rewards.progress,
+    )
+    return reward_output(
+        terms,
+        k_star=k_star,
+        K=len(trajectory.turns),
+        delta=delta,
+        F_first=f_first,
+        F_last=f_last,
+        F_struct_first=s_first,
+        F_struct_last=s_last,
+    )
+
+
+def bounds(settings: RewardSettings) -> tuple[float, float]:
+    """Extremes over all trajectories: Δ ∈ [−1, 1], any k*, any executability transition."""
+    w = settings.progress
+    status = (w.keep, w.recover, w.deteriorate, 0.0)
+    low = min(w.align_neg, 0.0) + min(status)  # R_late and R_fmt are at least 0
+    high = max(w.align_pos, w.align_neg) + w.acc + max(status) + w.format
+    return low, high
+
+
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds)

@@ -1,0 +1,147 @@
+"""The records every reward recipe reads and writes, and the Recipe object of the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from progress_sql.config import ODTSettings, RewardSettings, Settings, default_settings
+from progress_sql.rewards.formats import FormatName
+from progress_sql.sql.result import ExecResult
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model output of a rollout.
+
+    ``text``: the raw output; ``sql``: the SQL extracted from it (None when nothing could be
+    extracted); ``result``: the execution of ``sql`` (None when not executed); ``correct``:
+    the execution matched the gold's, as the environment decided with ``results_match``.
+    Build real turns with :func:`progress_sql.rewards.scoring.make_turn`.
+    """
+
+    text: str
+    sql: str | None = None
+    result: ExecResult | None = None
+    correct: bool = False
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """All turns of one rollout plus what the reward needs to know about the example.
+
+    For the ODT-feedback rollout the turns are the successive SQL attempts; for tool-using
+    recipes (SQL-Trail, SkyRL) every assistant message is a turn (tool calls) and the last one
+    holds the final answer. ``difficulty`` is the example's label ('' when unknown);
+    ``question`` and ``schema`` are for the LLM judge; ``max_turns`` is the budget T.
+    """
+
+    turns: tuple[Turn, ...]
+    gold_sql: str
+    db_id: str = ""
+    difficulty: str = ""
+    question: str = ""
+    schema: str = ""
+    max_turns: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "turns", tuple(self.turns))
+        if not self.turns:
+            raise ValueError("a trajectory needs at least one turn")
+        if not all(isinstance(t, Turn) for t in self.turns):
+            raise TypeError("trajectory turns must be Turn records")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+
+    @property
+    def first(self) -> Turn:
+        """y_1, the first turn."""
+        return self.turns[0]
+
+    @property
+    def last(self) -> Turn:
+        """y_K, the final turn."""
+        return self.turns[-1]
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """``total`` = sum of ``components`` (weighted contributions, always the same keys for a
+    recipe so runs compare in MLflow); ``info``: diagnostics (k*, notes, raw scores)."""
+
+    total: float
+    components: dict[str, float]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Judge(Protocol):
+    """An LLM-as-a-judge: how close a wrong SQL is to the gold, in [0, 1]."""
+
+    def score(self, question: str, schema: str, pred_sql: str, gold_sql: str) -> float: ...
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """What a recipe's score function receives: reward weights, and ODT settings for F_struct."""
+
+    rewards: RewardSettings
+    odt: ODTSettings | None = None
+
+
+def resolve_settings(settings: Settings | RewardSettings | None) -> RecipeSettings:
+    """Accept the whole Settings (its ODT section then drives F_struct), the rewards section
+    alone (ODT defaults) or None (the built-in defaults)."""
+    if settings is None:
+        settings = default_settings()
+    if isinstance(settings, Settings):
+        return RecipeSettings(settings.rewards, settings.odt)
+    if isinstance(settings, RewardSettings):
+        return RecipeSettings(settings, None)
+    raise TypeError(f"settings must be Settings or RewardSettings, got {type(settings).__name__}")
+
+
+ScoreFn = Callable[[Trajectory, RecipeSettings, "Judge | None"], RewardOutput]
+BoundFn = Callable[[RewardSettings], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A reward recipe looked up by name: ``recipe(trajectory, settings, judge=...)``.
+
+    ``fmt`` is the output format its model outputs must follow; ``components`` the fixed keys
+    of every output's ``components``.
+    """
+
+    name: str
+    fmt: FormatName
+    components: tuple[str, ...]
+    score_fn: ScoreFn = field(repr=False)
+    bounds_fn: BoundFn = field(repr=False)
+
+    def __call__(
+        self,
+        trajectory: Trajectory,
+        settings: Settings | RewardSettings | None = None,
+        *,
+        judge: Judge | None = None,
+    ) -> RewardOutput:
+        out = self.score_fn(trajectory, resolve_settings(settings), judge)
+        if tuple(out.components) != self.components:  # a recipe bug, never bad input
+            raise RuntimeError(f"{self.name}: components {tuple(out.components)} != {self.components}")
+        return out
+
+    def bounds(self, settings: Settings | RewardSettings | None = None) -> tuple[float, float]:
+        """(min_reward, max_reward) over every possible trajectory."""
+        return self.bounds_fn(resolve_settings(settings).rewards)
+
+    def min_reward(self, settings: Settings | RewardSettings | None = None) -> float:
+        return self.bounds(settings)[0]
+
+    def max_reward(self, settings: Settings | RewardSettings | None = None) -> float:
+        return self.bounds(settings)[1]
+
+
+def reward_output(components: dict[str, float], **info: Any) -> RewardOutput:
+    """Build a RewardOutput whose total is the sum of its components."""
+    comps = {k: float(v) for k, v in components.items()}
+    return RewardOutput(total=float(sum(comps.values())), components=comps, info=info)

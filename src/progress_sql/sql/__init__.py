@@ -1,0 +1,37 @@
+"""SQL parsing, sandboxed execution, result equivalence (EX/TS) and Spider hardness."""
+
+from progress_sql.sql.equivalence import (
+    execution_match,
+    order_matters,
+    results_match,
+    rows_equivalent,
+    strip_distinct,
+    test_suite_match,
+)
+from progress_sql.sql.hardness import HARDNESS_LEVELS, hardness
+from progress_sql.sql.parse import SQLParseError, jaccard, ngram_jaccard, parse_one, sql_tokens
+from progress_sql.sql.pool import GoldCache, SQLPool, gold_result
+from progress_sql.sql.result import ERROR_KINDS, ExecResult
+from progress_sql.sql.sandbox import execute
+
+__all__ = [
+    "ERROR_KINDS",
+    "ExecResult",
+    "GoldCache",
+    "HARDNESS_LEVELS",
+    "SQLParseError",
+    "SQLPool",
+    "execute",
+    "execution_match",
+    "gold_result",
+    "hardness",
+    "jaccard",
+    "ngram_jaccard",
+    "order_matters",
+    "parse_one",
+    "results_match",
+    "rows_equivalent",
+    "sql_tokens",
+    "strip_distinct",
+    "test_suite_match",
+]

@@ -1,0 +1,107 @@
+"""Settings: params.yaml is complete, typed and validated; errors name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict
+
+from conftest import REPO
+
+PARAMS = REPO / "params.yaml"
+
+
+def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            keys |= _leaf_keys(value, dotted + ".")
+        else:
+            keys.add(dotted)
+    return keys
+
+
+def test_params_yaml_equals_model_defaults():
+    assert load_settings(PARAMS) == Settings()
+
+
+def test_params_yaml_lists_every_setting_explicitly():
+    raw = yaml.safe_load(PARAMS.read_text())
+    assert _leaf_keys(raw) == _leaf_keys(Settings().model_dump())
+
+
+def test_defaults_md_numbers_are_present():
+    s = load_settings(PARAMS)
+    assert s.odt.alpha == 0.70
+    w = s.odt.weights
+    assert (w.select, w.tables, w.joins, w.where, w.group_by, w.having, w.order_by, w.booleans, w.counts) == (
+        0.20, 0.15, 0.15, 0.15, 0.10, 0.05, 0.05, 0.10, 0.05)
+    p = s.rewards.progress
+    assert (p.align_pos, p.align_neg, p.acc, p.gamma, p.keep, p.recover, p.deteriorate, p.format) == (
+        0.8, -0.1, 2.0, 0.5, 0.5, 0.5, -0.5, 0.5)
+    o = s.rewards.oneshot
+    assert (o.correct, o.executable, o.format) == (2.0, 0.5, 0.5)
+    r = s.rewards.reasoning_sql
+    assert (r.exec, r.judge, r.syntax, r.schema_linking, r.ngram, r.format, r.ngram_n) == (3, 2, 1, 1, 1, 1, 2)
+    t = s.rewards.sql_trail
+    assert (t.exec, t.turns, t.schema_linking, t.bigram, t.syntax, t.format) == (5, 2, 1, 1, 1, 1)
+    assert s.env.max_turns == 4 and s.env.trail_max_turns == 10
+    assert (s.env.observation_max_rows, s.env.observation_max_chars) == (50, 9000)
+    assert (s.rewards.skyrl.bad_format, s.rewards.skyrl.wrong, s.rewards.skyrl.correct) == (-1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"odt": {"alpha": 1.5}}, "odt.alpha"),
+        ({"odt": {"alpah": 0.5}}, "odt.alpah: unknown key"),
+        ({"rewards": {"progress": {"gamma": "half"}}}, "rewards.progress.gamma"),
+        ({"rewards": {"progress": {"gamma": 1.0}}}, "rewards.progress.gamma"),
+        ({"sandbox": {"timeout_s": -1}}, "sandbox.timeout_s"),
+        ({"data": {"n_databases": 3, "n_dev_databases": 2, "n_test_databases": 2}}, "n_databases"),
+        ({"rewards": {"reasoning_sql": {"judge_backend": "gpt"}}}, "rewards.reasoning_sql.judge_backend"),
+        ({"nonsense": 1}, "nonsense: unknown key"),
+        ({"odt": {"weights": {k: 0.0 for k in Settings().odt.weights.model_dump()}}}, "odt.weights"),
+    ],
+)
+def test_invalid_settings_name_the_key(raw, fragment):
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict(raw, "test")
+    assert fragment in str(err.value)
+
+
+def test_overrides_are_validated(tmp_path: Path):
+    s = load_settings(PARAMS, overrides={"env.max_turns": 2, "rewards.progress.gamma": 0.25})
+    assert s.env.max_turns == 2 and s.rewards.progress.gamma == 0.25
+    with pytest.raises(SettingsError, match="env.max_turns"):
+        load_settings(PARAMS, overrides={"env.max_turns": 0})
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("odt: [1, 2\n", "not valid YAML"),
+        ("- 1\n- 2\n", "top level must be a mapping"),
+        (b"\xff\xfe\x00odt", "cannot read"),
+    ],
+)
+def test_broken_files_get_clear_errors(tmp_path: Path, content, fragment):
+    path = tmp_path / "params.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(SettingsError, match=fragment):
+        load_settings(path)
+
+
+def test_missing_file(tmp_path: Path):
+    with pytest.raises(SettingsError, match="not found"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_empty_file_gives_defaults(tmp_path: Path):
+    path = tmp_path / "params.yaml"
+    path.write_text("")
+    assert load_settings(path) == Settings()
