@@ -1,0 +1,279 @@
+"""What every rollout environment shares: the policy protocol, the episode record, the Env base.
+
+An environment (SkyRL-gym style) is driven by ``reset`` (the round-1 conversation) and ``step``
+(one model output in, the environment's reply out); ``rollout`` in ``envs.rollout`` steps many
+of them in lockstep. Correctness is decided once per turn by ``rewards.make_turn``: the turn's
+SQL executed read-only and compared with the gold result by ``results_match``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence, runtime_checkable
+
+from progress_sql.config import Settings, default_settings
+from progress_sql.data.records import Example
+from progress_sql.envs.db_details import SchemaTexts
+from progress_sql.envs.prompts import Message, round1_messages
+from progress_sql.rewards.formats import FormatName
+from progress_sql.rewards.scoring import make_turn
+from progress_sql.rewards.types import Trajectory, Turn
+from progress_sql.sql import gold_result as cached_gold_result
+from progress_sql.sql import order_matters as gold_order_matters
+from progress_sql.sql.result import ExecResult
+
+# Why an episode ended. correct: a turn matched the gold (ODT loop); max_turns: T turns, none
+# correct; single: the one turn of a single-turn episode; solution: the model gave its final
+# <solution>; no_solution: the forced final answer was not a <solution> either.
+DoneReason = Literal["correct", "max_turns", "single", "solution", "no_solution"]
+
+
+# ----------------------------------------------------------------------------- policies
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that continues conversations: one output per conversation, in order.
+
+    An output is the generated text, or an object with a ``text`` attribute (a trainer's
+    generation record holding the sampled token ids, which the episode keeps untouched).
+    """
+
+    def generate(self, messages_batch: list[list[Message]]) -> list[Any]: ...
+
+
+def output_text(output: Any) -> str:
+    """The text of one policy output (``str`` or an object with a ``text`` string)."""
+    text = output if isinstance(output, str) else getattr(output, "text", None)
+    if not isinstance(text, str):
+        raise TypeError(f"a policy output must be str or have a .text str, got {type(output).__name__}")
+    return text
+
+
+class ScriptedPolicy:
+    """Replays fixed outputs, one script per conversation (tests, debugging).
+
+    ``scripts[j]`` is the list of outputs of the j-th conversation to start. Conversations are
+    told apart by content: a call's conversation continues the script whose last seen
+    conversation plus its reply is a prefix of it, so a conversation that does not extend its
+    own history (a broken environment) is an error, and so is asking for more outputs than a
+    script has. Identical conversations are matched in call order. ``consumed[j]`` counts the
+    outputs script j has given.
+    """
+
+    def __init__(self, scripts: Sequence[Sequence[str]]) -> None:
+        if isinstance(scripts, str) or any(isinstance(s, str) for s in scripts):
+            raise TypeError("scripts is a list of scripts (lists of outputs), one per conversation")
+        self.scripts = [list(s) for s in scripts]
+        self.consumed = [0] * len(self.scripts)
+        self._history: list[list[Message] | None] = [None] * len(self.scripts)
+
+    def _owner(self, conversation: list[Message], taken: set[int]) -> int:
+        for j, history in enumerate(self._history):
+            if j in taken:
+                continue
+            if history is None:
+                # A new conversation: the first unstarted script takes it.
+                if not any(m["role"] == "assistant" for m in conversation):
+                    return j
+                continue
+            n = len(history)
+            if conversation[:n] == history and len(conversation) > n:
+                return j
+        raise ValueError("ScriptedPolicy: a conversation matches no script (unknown, or it rewrote its history)")
+
+    def generate(self, messages_batch: list[list[Message]]) -> list[str]:
+        """The next output of each conversation's script."""
+        outputs, taken = [], set()
+        for conversation in messages_batch:
+            j = self._owner(conversation, taken)
+            taken.add(j)
+            if self.consumed[j] >= len(self.scripts[j]):
+                raise IndexError(f"ScriptedPolicy: script {j} has no output left (it has {len(self.scripts[j])})")
+            text = self.scripts[j][self.consumed[j]]
+            self.consumed[j] += 1
+            self._history[j] = [dict(m) for m in conversation] + [{"role": "assistant", "content": text}]
+            outputs.append(text)
+        return outputs
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class StepResult:
+    """``messages_to_append``: the environment's reply (user messages) that follows the
+    assistant message just given; empty when ``done``. ``info``: per-turn diagnostics."""
+
+    messages_to_append: list[Message]
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """One finished (or running) rollout.
+
+    ``messages``: the whole conversation (system, user, then assistant and environment
+    messages); ``turns``: one ``rewards.Turn`` per assistant message; ``tags``: per turn, the
+    ODT tags (``()`` for a correct turn or where the environment does not diagnose);
+    ``k_star``: the first turn whose execution matched the gold (1-based), or None;
+    ``correct``: the episode's final answer is correct; ``generations``: the raw policy outputs,
+    one per turn (strings, or the policy's generation records).
+    """
+
+    env: str
+    example: Example
+    db_path: str
+    db_details: str
+    max_turns: int
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    tags: list[tuple[str, ...]] = field(default_factory=list)
+    k_star: int | None = None
+    correct: bool = False
+    done_reason: DoneReason | None = None
+    generations: list[Any] = field(default_factory=list)
+    gold: ExecResult | None = None
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the paper's name for the stopping turn
+        """The number of turns taken (Algorithm 1's K)."""
+        return len(self.turns)
+
+    @property
+    def done(self) -> bool:
+        return self.done_reason is not None
+
+    def trajectory(self) -> Trajectory:
+        """The record the reward recipes score (``rewards.get(name)(episode.trajectory())``)."""
+        ex = self.example
+        return Trajectory(
+            turns=tuple(self.turns),
+            gold_sql=ex.gold_sql,
+            db_id=ex.db_id,
+            difficulty=ex.difficulty or ex.hardness,
+            question=ex.question,
+            schema=self.db_details,
+            max_turns=self.max_turns,
+        )
+
+
+# ----------------------------------------------------------------------------- environments
+@functools.lru_cache(maxsize=1)
+def _default_schema_texts() -> SchemaTexts:
+    return SchemaTexts()  # shared: every environment reads a database's DDL once
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_order_matters(gold_sql: str) -> bool:
+    return gold_order_matters(gold_sql)  # the G rollouts of a question share one parse
+
+
+class Env:
+    """Base of the environments: ``reset`` then ``step`` until ``done``; ``episode`` is the record.
+
+    ``settings`` (the whole Settings: env budgets, sandbox limits, ODT weights) default to
+    the built-in defaults; ``schema_texts(db_id, db_path)`` gives the prompts' DDL (default: a
+    shared ``SchemaTexts()`` reading the SQLite files).
+    """
+
+    name: ClassVar[str]
+    fmt: FormatName
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        schema_texts: Callable[[str, str | os.PathLike], str] | None = None,
+    ) -> None:
+        self.settings = settings if settings is not None else default_settings()
+        self.schema_texts = schema_texts if schema_texts is not None else _default_schema_texts()
+        self._episode: Episode | None = None
+        self._order_matters = False
+
+    @property
+    def max_turns(self) -> int:
+        """The most assistant turns an episode can have."""
+        raise NotImplementedError
+
+    @property
+    def episode(self) -> Episode:
+        if self._episode is None:
+            raise RuntimeError(f"{self.name}: call reset() first")
+        return self._episode
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation so far: the prompt of the next generation."""
+        return self.episode.messages
+
+    @property
+    def done(self) -> bool:
+        return self.episode.done
+
+    def reset(
+        self,
+        example: Example,
+        db_path: str | os.PathLike,
+        gold_result: ExecResult | None = None,
+        db_details: str | None = None,
+    ) -> list[Message]:
+        """Start an episode for ``example`` on ``db_path``; return the round-1 conversation.
+
+        ``gold_result`` is the gold's execution (default: the process-wide gold cache);
+        ``db_details`` the schema text (default: ``schema_texts``).
+        """
+        path = Path(db_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{example.id}: database {path} not found")
+        if gold_result is None:
+            sandbox = self.settings.sandbox
+            gold_result = cached_gold_result(path, example.gold_sql, sandbox.timeout_s, sandbox.max_rows)
+        if db_details is None:
+            db_details = self.schema_texts(example.db_id, path)
+        self._order_matters = _cached_order_matters(example.gold_sql)
+        self._episode = Episode(
+            env=self.name,
+            example=example,
+            db_path=str(path),
+            db_details=db_details,
+            max_turns=self.max_turns,
+            messages=round1_messages(example, db_details, self.fmt, self.settings.env),
+            gold=gold_result,
+        )
+        return self.messages
+
+    def step(self, text: str) -> StepResult:
+        """Take one model output; return the environment's reply."""
+        raise NotImplementedError
+
+    # -- helpers for subclasses
+    def _begin_turn(self, text: str) -> Turn:
+        """Score ``text`` as the next turn, record it and its assistant message."""
+        ep = self.episode
+        if ep.done:
+            raise RuntimeError(f"{self.name}: the episode is over ({ep.done_reason}); call reset()")
+        if not isinstance(text, str):
+            raise TypeError(f"{self.name}: step() takes the output text, got {type(text).__name__}")
+        turn = make_turn(text, self.fmt, ep.db_path, ep.gold, self._order_matters, self.settings)
+        ep.turns.append(turn)
+        ep.tags.append(())
+        ep.messages.append({"role": "assistant", "content": text})
+        if turn.correct and ep.k_star is None:
+            ep.k_star = ep.K
+        return turn
+
+    def _reply(self, content: str) -> StepResult:
+        message = {"role": "user", "content": content}
+        self.episode.messages.append(message)
+        return StepResult([dict(message)], False, self._info())
+
+    def _finish(self, reason: DoneReason, correct: bool) -> StepResult:
+        self.episode.done_reason = reason
+        self.episode.correct = correct
+        return StepResult([], True, self._info())
+
+    def _info(self) -> dict[str, Any]:
+        ep = self.episode
+        turn = ep.turns[-1]
+        return {"turn": ep.K, "sql": turn.sql, "correct": turn.correct, "tags": ep.tags[-1], "done_reason": ep.done_reason}

@@ -1,0 +1,91 @@
+"""``exec_feedback``: the SQL-tool agent loop of SQL-Trail (its Algorithm 1) and SkyRL-SQL.
+
+    for t = 1..T (T = env.trail_max_turns):
+        y_t ~ π(· | h)                      parsed in the ``trail`` format
+        <solution> in y_t:  its SQL is the final answer; stop
+        <sql> in y_t:       o = the result as a table with headers, or the error
+        neither:            o = "Your previous action is invalid. Think and try again."
+        h += <observation>o\\nYou have T − t turns left to complete the task.</observation>
+    no solution after T turns: the last observation is followed by a request for the final
+    answer, and the answer to it is the last turn (T + 1 turns at most)
+
+Every assistant message is a turn (a ``rewards.Turn``: its SQL executed and compared with the
+gold, tool calls too); the episode is correct when its final turn is a ``<solution>`` whose
+execution matches the gold. The observation table keeps the first ``observation_max_rows``
+rows and at most ``observation_max_chars`` characters, and says when it was cut.
+"""
+
+from __future__ import annotations
+
+from progress_sql.config import EnvSettings
+from progress_sql.envs.base import Env, StepResult
+from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT
+from progress_sql.rewards.formats import parse_output
+from progress_sql.sql.result import ExecResult
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<blob {len(bytes(value))} bytes>"
+    return str(value).replace("\n", "\\n").replace("\r", "\\r")  # one row per line
+
+
+def _clip(line: str, budget: int) -> str:
+    return line if len(line) <= budget else line[: budget - 1] + "…"
+
+
+def format_result(result: ExecResult, env: EnvSettings) -> str:
+    """An execution as the model sees it: a ``|``-separated table under a header row, cut to
+    ``env.observation_max_rows`` rows and ``env.observation_max_chars`` characters (whole
+    rows; a note says how many rows are shown), or the error."""
+    if not result.ok:
+        return f"Error ({result.error}): {result.message}"
+    lines = [" | ".join(_cell(c) for c in result.columns)]
+    lines += [" | ".join(_cell(v) for v in row) for row in result.rows[: env.observation_max_rows]]
+    total = f"{len(result.rows)}+" if result.truncated else str(len(result.rows))
+    budget, used, shown = env.observation_max_chars, 0, 0
+    if not result.rows:
+        return _clip(lines[0], budget) + "\n(no rows)"
+    for i, line in enumerate(lines):
+        cost = len(line) + (1 if i else 0)
+        if used + cost > budget:
+            break
+        used += cost
+        shown = i  # data rows shown so far (line 0 is the header)
+    if used == 0:  # even the header is too long
+        table = _clip(lines[0], budget)
+    else:
+        table = "\n".join(lines[: shown + 1])
+    if shown < len(result.rows) or result.truncated:
+        return f"{table}\n(truncated: showing {shown} of {total} rows)"
+    return table
+
+
+def observation(content: str, turns_left: int) -> str:
+    """An observation message: the content and the turns-left reminder, wrapped in tags."""
+    return f"<observation>\n{content}\n{TURNS_LEFT.format(n=turns_left)}\n</observation>"
+
+
+class ExecFeedbackEnv(Env):
+    name = "exec_feedback"
+    fmt = "trail"
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.env.trail_max_turns + 1  # the tool budget T, then the forced answer
+
+    def step(self, text: str) -> StepResult:
+        """Run a tool call, answer an invalid action, or end on a <solution>."""
+        turn = self._begin_turn(text)
+        if parse_output(text, self.fmt).kind == "solution":
+            return self._finish("solution", turn.correct)
+        turns_left = self.settings.env.trail_max_turns - self.episode.K
+        if turns_left < 0:  # this was the requested final answer
+            return self._finish("no_solution", False)
+        content = INVALID_ACTION if turn.sql is None else format_result(turn.result, self.settings.env)
+        reply = observation(content, turns_left)
+        if turns_left == 0:
+            reply = f"{reply}\n{FINAL_ANSWER}"
+        return self._reply(reply)

@@ -1,0 +1,63 @@
+"""Batched rollouts: many episodes stepped in lockstep, one ``policy.generate`` call per turn.
+
+    envs = one fresh environment per example; reset each (gold results executed once per
+           distinct (database, gold SQL), not once per rollout)
+    while some episode is running:
+        outputs = policy.generate([conversation of every running episode])
+        step each running episode with its output
+
+An episode's turns do not depend on which others share its batch: running examples together
+gives the same episodes as running each alone (the tests check this).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+from progress_sql.data.records import Example
+from progress_sql.envs.base import Env, Episode, Policy, output_text
+from progress_sql.sql import GoldCache
+from progress_sql.sql.pool import default_gold_cache
+from progress_sql.sql.result import ExecResult
+
+
+def rollout(
+    env_factory: Callable[[], Env],
+    policy: Policy,
+    examples: Sequence[Example],
+    database: Callable[[str], str | os.PathLike],
+    *,
+    gold_cache: GoldCache | None = None,
+) -> list[Episode]:
+    """Run one episode per example (repeat an example G times for a GRPO group).
+
+    ``env_factory()`` makes a fresh environment (``lambda: envs.get("odt_feedback")(settings)``);
+    ``database(db_id)`` gives the SQLite file (``CorpusLayout(root).database``); gold results
+    come from ``gold_cache`` (default: the process-wide one). Returns the episodes in input
+    order, each with the policy's raw outputs in ``generations``.
+    """
+    cache = gold_cache if gold_cache is not None else default_gold_cache()
+    envs = [env_factory() for _ in examples]
+    golds: dict[tuple[str, str], ExecResult] = {}
+    for env, example in zip(envs, examples):
+        path = Path(database(example.db_id))
+        key = (str(path), example.gold_sql)
+        if key not in golds:
+            sandbox = env.settings.sandbox
+            golds[key] = cache.get(path, example.gold_sql, sandbox.timeout_s, sandbox.max_rows)
+        env.reset(example, path, golds[key])
+
+    running = list(range(len(envs)))
+    while running:
+        # Copies: the policy sees the conversations but cannot change an episode's record.
+        batch = [[dict(m) for m in envs[i].messages] for i in running]
+        outputs = list(policy.generate(batch))
+        if len(outputs) != len(batch):
+            raise ValueError(f"policy returned {len(outputs)} outputs for {len(batch)} conversations")
+        for i, output in zip(running, outputs):
+            envs[i].episode.generations.append(output)
+            envs[i].step(output_text(output))
+        running = [i for i in running if not envs[i].done]
+    return [env.episode for env in envs]
