@@ -1,21 +1,39 @@
-"""Helpers shared by the CLI commands."""
+"""Helpers shared by the CLI commands: settings with overrides, and clean exits."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+import yaml
 
-from progress_sql.config import Settings, SettingsError, default_settings, load_settings
+from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict
+
+SET_HELP = "Override a setting, e.g. --set data.train_size=200 (repeatable; the value is read as YAML)"
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["data.train_size=200", ...]`` → ``{"data.train_size": 200}``; values are YAML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise typer.BadParameter(f"{key}: value is not valid YAML ({err})", param_hint="--set") from None
+    return out
 
 
 def load_or_exit(params: str, overrides: dict | None = None) -> Settings:
-    """Settings from ``params`` (built-in defaults when the default file is absent); a bad
-    file ends the command with its message and exit code 2."""
+    """Settings from ``params`` plus overrides (built-in defaults when the default params.yaml
+    is absent); a bad file or override ends the command with its message and exit code 2."""
     path = Path(params)
-    if params == "params.yaml" and not path.exists() and not overrides:
-        return default_settings()
     try:
+        if params == "params.yaml" and not path.exists():
+            return settings_from_dict({}, "built-in defaults", overrides)
         return load_settings(path, overrides)
     except SettingsError as err:
         typer.echo(f"error: {err}", err=True)

@@ -1,0 +1,197 @@
+"""Build the bundled default corpus from a seed: databases, examples, splits, variants,
+test-suite neighbours, ``tables.json`` and ``manifest.json``.
+
+Layout (``records.CorpusLayout``)::
+
+    databases/<db_id>/<db_id>.sqlite   one per chosen domain
+    tables.json                        Spider-format schemas
+    train.jsonl dev.jsonl test.jsonl   examples; dev/test databases never appear in train
+    variants/{syn,realistic,dk}.jsonl  robustness suite from dev + test
+    neighbours/<db_id>/<k>.sqlite      k fuzzed neighbours per dev/test database
+    manifest.json                      seed, settings, counts, hardness, coverage, hashes
+
+The build writes into a temporary folder beside ``out_dir`` and renames it into place at the
+end, so a failed build leaves the previous corpus (or nothing) and never half a corpus. The
+same seed and settings give byte-identical JSONL, tables.json and manifest, and databases
+with identical content (``generate_db.database_fingerprint``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from progress_sql.config import Settings
+from progress_sql.data.domains import CATALOGUE, Domain
+from progress_sql.data.drafting import Draft, draw_examples
+from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
+from progress_sql.data.neighbours import query_literals, write_neighbours
+from progress_sql.data.patterns import LEVELS, DbContext
+from progress_sql.data.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
+from progress_sql.data.variants import build_variants
+from progress_sql.sql.sandbox import clear_connection_cache
+
+MANIFEST_FORMAT = 1
+
+
+def split_domains(settings: Settings) -> dict[str, list[Domain]]:
+    """The domains of each split: the catalogue shuffled by the seed, dev first, then test,
+    the rest train (each split sorted by name)."""
+    data = settings.data
+    if data.n_databases > len(CATALOGUE):
+        raise CorpusError(
+            f"data.n_databases is {data.n_databases} but the bundled catalogue has {len(CATALOGUE)} domains"
+        )
+    order = list(CATALOGUE)
+    random.Random(f"{data.seed}:domains").shuffle(order)
+    chosen = order[: data.n_databases]
+    dev = chosen[: data.n_dev_databases]
+    test = chosen[data.n_dev_databases : data.n_dev_databases + data.n_test_databases]
+    train = chosen[data.n_dev_databases + data.n_test_databases :]
+    return {name: sorted(ds, key=lambda d: d.name) for name, ds in (("train", train), ("dev", dev), ("test", test))}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Build the corpus into ``out_dir`` (default ``data.out_dir``) atomically; the manifest."""
+    out = Path(out_dir if out_dir is not None else settings.data.out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = _build_into(CorpusLayout(tmp), settings, progress)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        clear_connection_cache()  # the sandbox's cached connections point into the temp folder
+    return manifest
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    data = settings.data
+    by_split = split_domains(settings)
+    sizes = {"train": data.train_size, "dev": data.dev_size, "test": data.test_size}
+    n_neighbours = data.neighbours * (data.n_dev_databases + data.n_test_databases)
+    total = data.n_databases + sum(sizes.values()) + n_neighbours + 1
+    bar = tqdm(total=total, desc="build corpus", unit="step", disable=not progress, leave=False)
+    try:
+        contexts: dict[str, list[DbContext]] = {}
+        bar.set_postfix_str("databases")
+        for split, domains in by_split.items():
+            contexts[split] = []
+            for domain in domains:
+                rows = generate_rows(domain, data.seed, data.rows_scale)
+                path = layout.database(domain.name)
+                write_database(path, domain, rows)
+                contexts[split].append(DbContext(domain.name, domain, rows, path))
+                bar.update()
+        all_domains = sorted((d for ds in by_split.values() for d in ds), key=lambda d: d.name)
+        layout.tables_json.write_text(_json([spider_schema(d) for d in all_domains]), encoding="utf-8")
+
+        drafts: dict[str, list[Draft]] = {}
+        draw_stats: dict[str, dict] = {}
+        for split in SPLITS:
+            bar.set_postfix_str(f"{split} examples")
+            drafts[split], stats = draw_examples(split, contexts[split], sizes[split], settings, bar.update)
+            draw_stats[split] = {"attempts": stats.attempts, "rejected": dict(sorted(stats.rejected.items()))}
+            write_jsonl(layout.split(split), (d.example for d in drafts[split]))
+
+        bar.set_postfix_str("variants")
+        variants, coverage = build_variants(drafts["dev"] + drafts["test"], settings)
+        for name in VARIANTS:
+            write_jsonl(layout.variant(name), variants[name])
+        bar.update()
+
+        bar.set_postfix_str("neighbours")
+        neighbours: dict[str, list[str]] = {}
+        held_out = drafts["dev"] + drafts["test"]
+        for ctx in contexts["dev"] + contexts["test"]:
+            literals = query_literals((d.select for d in held_out if d.ctx is ctx), ctx.domain)
+            paths = write_neighbours(layout, ctx.db_id, ctx.domain, ctx.rows, data.neighbours, settings, literals)
+            neighbours[ctx.db_id] = [database_fingerprint(p) for p in paths]
+            bar.update(len(paths))
+    finally:
+        bar.close()
+
+    manifest = _manifest(layout, settings, by_split, contexts, drafts, draw_stats, variants, coverage, neighbours)
+    layout.manifest.write_text(_json(manifest), encoding="utf-8")
+    manifest["build_seconds"] = round(time.perf_counter() - started, 3)  # returned, not written
+    return manifest
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list[Domain]],
+              contexts: dict[str, list[DbContext]], drafts: dict[str, list[Draft]], draw_stats: dict,
+              variants: dict, coverage: dict, neighbours: dict[str, list[str]]) -> dict[str, Any]:
+    splits = {}
+    for split in SPLITS:
+        ds = drafts[split]
+        hardness = Counter(d.example.hardness for d in ds)
+        splits[split] = {
+            "databases": [d.name for d in by_split[split]],
+            "examples": len(ds),
+            "hardness": {k: hardness.get(k, 0) for k in LEVELS},
+            "empty_gold": sum(d.empty for d in ds),
+            "with_evidence": sum(bool(d.example.evidence) for d in ds),
+            "patterns": dict(sorted(Counter(d.family for d in ds).items())),
+            "draw": draw_stats[split],
+        }
+    databases = {
+        ctx.db_id: {
+            "split": split,
+            "rows": {t: len(r) for t, r in ctx.rows.items()},
+            "fingerprint": database_fingerprint(ctx.path),
+        }
+        for split in SPLITS for ctx in contexts[split]
+    }
+    files = [layout.tables_json] + [layout.split(s) for s in SPLITS] + [layout.variant(v) for v in VARIANTS]
+    return {
+        "format": MANIFEST_FORMAT,
+        "source": "bundled",
+        "seed": settings.data.seed,
+        "settings": settings.data.model_dump(exclude={"mix", "mix_total", "out_dir"}),
+        "splits": splits,
+        "variants": {v: {"examples": len(variants[v]), "coverage": round(coverage[v], 4)} for v in VARIANTS},
+        "databases": databases,
+        "neighbours": neighbours,
+        "files": {str(p.relative_to(layout.root)): sha256_file(p) for p in files},
+    }
+
+
+__all__ = ["MANIFEST_FORMAT", "build_corpus", "sha256_file", "split_domains"]

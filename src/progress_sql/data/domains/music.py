@@ -1,0 +1,66 @@
+"""Recorded music: labels, artists, albums, songs and concerts."""
+
+from progress_sql.data.domains.spec import (
+    Compose, Dates, Domain, DKRule, Number, Unique, category, day, key, label, number,
+    place_phrases, ref, table, when_phrases, year,
+)
+from progress_sql.data.domains.vocab import ADJECTIVES, CITIES, COUNTRIES, NOUNS
+
+GENRES = ("Rock", "Pop", "Jazz", "Hip Hop", "Electronic", "Folk", "Classical", "Metal", "Soul", "Indie")
+
+DOMAIN = Domain(
+    "music",
+    (
+        table("record_label", "record label", "record labels", (8, 14),
+              key("label_id"),
+              label("name", Unique(("Blue Note", "Sunset Records", "Echo House", "Northern Sound",
+                                    "Velvet Tone", "Red Moon", "Arcadia", "Lighthouse Music",
+                                    "Golden Reel", "Static Wave", "Harbor Lights", "Wildflower"))),
+              category("country", COUNTRIES, "country", implicit=place_phrases("based in")),
+              year("founded_year", 1950, 2015, "founding year", implicit=when_phrases("founded")),
+              synonyms=(("label", "labels"),)),
+        table("artist", "artist", "artists", (60, 120),
+              key("artist_id"),
+              label("name", Compose((("The", "", ""), ADJECTIVES, NOUNS + ("Kids", "Wolves", "Lights")))),
+              category("country", COUNTRIES, "country", synonyms=("home country",), implicit=place_phrases()),
+              category("genre", GENRES, "genre", synonyms=("style",), implicit={"=": "{v} {noun}"}),
+              year("formed_year", 1960, 2020, "formation year", implicit=when_phrases("formed")),
+              ref("label_id", "record_label", "signed to"),
+              synonyms=(("band", "bands"), ("musician", "musicians"))),
+        table("album", "album", "albums", (200, 400),
+              key("album_id"),
+              label("title", Compose((ADJECTIVES, NOUNS)), "title", quote=True),
+              ref("artist_id", "artist", "by"),
+              year("release_year", 1965, 2024, "release year", implicit=when_phrases("released")),
+              number("sales", Number(1_000, 12_000_000, "lognormal", 120_000, 1.6, step=1_000), "sales",
+                     synonyms=("copies sold",), additive=True),
+              number("rating", Number(1.0, 10.0, "normal", 6.8, 1.3, decimals=1), "critic rating",
+                     synonyms=("review score",), nulls=0.1),
+              synonyms=(("record", "records"), ("LP", "LPs"))),
+        table("song", "song", "songs", (1200, 2400),
+              key("song_id"),
+              label("title", Compose((ADJECTIVES + ("", ""), NOUNS)), "title", quote=True),
+              ref("album_id", "album", "on"),
+              number("track_no", Number(1, 14), "track number", synonyms=("position",)),
+              number("duration_s", Number(90, 720, "normal", 230, 60), "duration in seconds",
+                     synonyms=("length in seconds",),
+                     implicit={">": "{noun} longer than {v} seconds", "<": "{noun} shorter than {v} seconds"}),
+              number("streams", Number(0, 900_000_000, "lognormal", 2_000_000, 1.8), "stream count",
+                     synonyms=("number of plays",), additive=True),
+              synonyms=(("track", "tracks"), ("tune", "tunes"))),
+        table("concert", "concert", "concerts", (250, 500),
+              key("concert_id"),
+              ref("artist_id", "artist", "by"),
+              category("city", CITIES, "city", implicit=place_phrases("in")),
+              day("concert_date", Dates("2018-01-01", "2024-12-31"), "date", synonyms=("show date",),
+                  implicit=when_phrases("held")),
+              number("attendance", Number(100, 90_000, "lognormal", 5_000, 1.1, step=10), "attendance",
+                     synonyms=("audience size",), additive=True),
+              synonyms=(("gig", "gigs"), ("show", "shows"))),
+    ),
+    dk_rules=(
+        DKRule("album", "sales", ">=", 1_000_000, "platinum {noun}", "platinum refers to sales >= 1000000"),
+        DKRule("song", "duration_s", ">", 420, "epic-length {noun}", "epic-length refers to duration_s > 420"),
+        DKRule("concert", "attendance", ">=", 20_000, "stadium {noun}", "stadium concerts refers to attendance >= 20000"),
+    ),
+)

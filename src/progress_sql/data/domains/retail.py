@@ -1,0 +1,71 @@
+"""A retail chain: customers, products, stores, orders and order lines."""
+
+from progress_sql.data.domains.spec import (
+    Compose, Dates, Domain, DKRule, Number, Person, age_phrases, category, day, key,
+    label, number, place_phrases, ref, table, when_phrases, year,
+)
+from progress_sql.data.domains.vocab import CITIES, COUNTRIES
+
+BRANDS = ("Acme", "Nordic", "Zenith", "Apex", "Lumen", "Vertex", "Orion", "Pioneer", "Summit", "Nova")
+ITEMS = ("Laptop", "Headphones", "Blender", "Sneakers", "Backpack", "Desk Lamp", "Coffee Maker",
+         "Smartwatch", "Jacket", "Tent", "Camera", "Keyboard", "Kettle", "Sofa", "Bicycle", "Phone Case")
+
+DOMAIN = Domain(
+    "retail",
+    (
+        table("customer", "customer", "customers", (250, 500),
+              key("customer_id"),
+              label("name", Person()),
+              category("city", CITIES, "city", implicit=place_phrases("living in")),
+              category("country", COUNTRIES, "country", synonyms=("nation",), implicit=place_phrases()),
+              number("age", Number(18, 90, "normal", 42, 15), "age", implicit=age_phrases()),
+              year("signup_year", 2012, 2024, "sign-up year", synonyms=("registration year",),
+                   implicit=when_phrases("who joined")),
+              category("loyalty_tier", ("Bronze", "Silver", "Gold", "Platinum"), "loyalty tier",
+                       (6, 3, 2, 1), synonyms=("membership level",), nulls=0.2),
+              synonyms=(("client", "clients"), ("shopper", "shoppers"))),
+        table("product", "product", "products", (80, 160),
+              key("product_id"),
+              label("name", Compose((BRANDS, ITEMS))),
+              category("category", ("Electronics", "Home", "Clothing", "Outdoor", "Kitchen", "Office"),
+                       "category", synonyms=("department",)),
+              number("price", Number(3, 2500, "lognormal", 60, 1.1, decimals=2), "price",
+                     synonyms=("cost",), implicit={">": "{noun} costing more than {v}",
+                                                   "<": "{noun} costing less than {v}",
+                                                   "BETWEEN": "{noun} costing between {a} and {b}"}),
+              number("stock", Number(0, 400, "normal", 60, 70), "stock", synonyms=("inventory",),
+                     additive=True),
+              synonyms=(("item", "items"), ("article", "articles"))),
+        table("store", "store", "stores", (12, 25),
+              key("store_id"),
+              label("name", Compose((("Downtown", "Mall", "Airport", "Harbour", "Central", "Outlet",
+                                       "Station", "Riverside"), ("Store", "Shop", "Megastore")))),
+              category("city", CITIES, "city", implicit=place_phrases("in")),
+              number("floor_area", Number(200, 8000, "lognormal", 1500, 0.7, step=50), "floor area",
+                     synonyms=("size",)),
+              synonyms=(("shop", "shops"), ("outlet", "outlets"))),
+        table("orders", "order", "orders", (600, 1200),
+              key("order_id"),
+              ref("customer_id", "customer", "placed by"),
+              ref("store_id", "store", "at"),
+              day("order_date", Dates("2021-01-01", "2024-12-31"), "order date",
+                  synonyms=("purchase date",), implicit=when_phrases("placed")),
+              category("status", ("delivered", "shipped", "pending", "cancelled", "returned"), "status",
+                       (12, 3, 2, 1, 1), synonyms=("state",)),
+              synonyms=(("purchase", "purchases"),)),
+        table("order_item", "order line", "order lines", (1200, 2400),
+              ref("order_id", "orders", "of"),
+              ref("product_id", "product", "for"),
+              number("quantity", Number(1, 12, "lognormal", 2, 0.6), "quantity",
+                     synonyms=("number of units",), additive=True),
+              number("discount", Number(0, 0.5, "lognormal", 0.05, 1.0, decimals=2), "discount",
+                     synonyms=("rebate",), nulls=0.3),
+              primary_key=("order_id", "product_id"),
+              synonyms=(("order item", "order items"),)),
+    ),
+    dk_rules=(
+        DKRule("product", "price", ">", 500, "expensive {noun}", "expensive refers to price > 500"),
+        DKRule("product", "stock", "=", 0, "{noun} that are out of stock", "out of stock refers to stock = 0"),
+        DKRule("customer", "age", ">=", 65, "senior {noun}", "senior refers to age >= 65"),
+    ),
+)

@@ -1,0 +1,53 @@
+"""Word lists the domain generators draw realistic values from (names, places, title words)."""
+
+from __future__ import annotations
+
+FIRST_NAMES = (
+    "James", "Mary", "John", "Patricia", "Robert", "Jennifer", "Michael", "Linda", "William",
+    "Elizabeth", "David", "Barbara", "Richard", "Susan", "Joseph", "Jessica", "Thomas", "Sarah",
+    "Charles", "Karen", "Daniel", "Nancy", "Matthew", "Lisa", "Anthony", "Betty", "Mark",
+    "Sandra", "Paul", "Ashley", "Steven", "Emily", "Andrew", "Donna", "Joshua", "Michelle",
+    "Kevin", "Carol", "Brian", "Amanda", "George", "Melissa", "Edward", "Deborah", "Ronald",
+    "Laura", "Timothy", "Rebecca", "Jason", "Sharon", "Ahmed", "Fatima", "Wei", "Mei", "Hiroshi",
+    "Yuki", "Carlos", "Sofia", "Luca", "Giulia", "Pierre", "Camille", "Hans", "Greta", "Olga",
+    "Ivan", "Priya", "Arjun", "Kwame", "Amara", "Lars", "Ingrid", "Mateo", "Lucia", "Omar",
+    "Leila", "Noah", "Chloe", "Ethan", "Zoe",
+)
+
+LAST_NAMES = (
+    "Smith", "Johnson", "Williams", "Brown", "Jones", "Garcia", "Miller", "Davis", "Rodriguez",
+    "Martinez", "Hernandez", "Lopez", "Gonzalez", "Wilson", "Anderson", "Thomas", "Taylor",
+    "Moore", "Jackson", "Martin", "Lee", "Perez", "Thompson", "White", "Harris", "Sanchez",
+    "Clark", "Ramirez", "Lewis", "Robinson", "Walker", "Young", "Allen", "King", "Wright",
+    "Scott", "Torres", "Nguyen", "Hill", "Flores", "Green", "Adams", "Nelson", "Baker", "Hall",
+    "Rivera", "Campbell", "Mitchell", "Carter", "Roberts", "Kim", "Chen", "Wang", "Tanaka",
+    "Sato", "Rossi", "Bianchi", "Dubois", "Moreau", "Schmidt", "Fischer", "Ivanov", "Petrov",
+    "Patel", "Singh", "Mensah", "Okafor", "Larsen", "Berg", "Silva", "Santos", "Haddad", "Novak",
+)
+
+CITIES = (
+    "London", "Paris", "Berlin", "Madrid", "Rome", "Amsterdam", "Vienna", "Prague", "Lisbon",
+    "Dublin", "Stockholm", "Oslo", "Copenhagen", "Warsaw", "Athens", "New York", "Chicago",
+    "Boston", "Seattle", "Austin", "Denver", "Toronto", "Vancouver", "Montreal", "Mexico City",
+    "Sao Paulo", "Buenos Aires", "Tokyo", "Osaka", "Seoul", "Beijing", "Shanghai", "Singapore",
+    "Mumbai", "Delhi", "Sydney", "Melbourne", "Cairo", "Nairobi", "Cape Town",
+)
+
+COUNTRIES = (
+    "United States", "United Kingdom", "France", "Germany", "Spain", "Italy", "Netherlands",
+    "Sweden", "Norway", "Denmark", "Poland", "Portugal", "Ireland", "Canada", "Mexico", "Brazil",
+    "Argentina", "Japan", "South Korea", "China", "India", "Australia", "Egypt", "Kenya",
+    "South Africa", "Nigeria",
+)
+
+ADJECTIVES = (
+    "Silent", "Golden", "Broken", "Hidden", "Crimson", "Endless", "Frozen", "Wild", "Lonely",
+    "Burning", "Electric", "Secret", "Distant", "Bright", "Dark", "Hollow", "Sweet", "Last",
+    "Restless", "Velvet", "Lost", "Quiet", "Savage", "Little", "Midnight", "Northern", "Iron",
+)
+
+NOUNS = (
+    "River", "Garden", "Shadow", "Dream", "Ocean", "Storm", "Heart", "City", "Road", "Mountain",
+    "Fire", "Star", "Window", "Winter", "Summer", "Kingdom", "Mirror", "Voice", "Island",
+    "Forest", "Horizon", "Train", "Letter", "Empire", "Harbor", "Bridge", "Moon", "Thunder",
+)

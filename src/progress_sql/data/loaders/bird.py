@@ -1,0 +1,66 @@
+"""BIRD (Li et al., 2023) as released: ``train/train.json`` with ``train/train_databases/`` and
+``train/train_tables.json``; ``dev/dev.json`` likewise (the dev download unpacks to a dated folder
+such as dev_20240627/: pass that folder, or its parent renamed/linked as dev/).
+
+Records hold ``db_id``, ``question``, ``evidence`` (external knowledge) and the gold ``SQL``;
+dev records add ``question_id`` and ``difficulty`` (simple / moderate / challenging).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from progress_sql.data.loaders.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array
+from progress_sql.data.records import CorpusError
+
+BIRD_SPLITS = ("train", "dev")
+BIRD_DIFFICULTIES = ("simple", "moderate", "challenging")
+
+
+def bird_split_dir(root: Path, split: str) -> Path:
+    """The folder holding ``<split>.json``: ``root`` itself or ``root/<split>``."""
+    if split not in BIRD_SPLITS:
+        raise ValueError(f"BIRD split must be one of {list(BIRD_SPLITS)}, got {split!r}")
+    root = Path(root)
+    for folder in (root / split, root):
+        if (folder / f"{split}.json").is_file():
+            return folder
+    raise CorpusError(f"{root / split / f'{split}.json'}: file not found (nor {root / f'{split}.json'})")
+
+
+def bird_database_path(root: Path, split: str, db_id: str) -> Path:
+    """Where BIRD keeps the SQLite file of ``db_id``: ``<split>_databases/<db_id>/<db_id>.sqlite``."""
+    return bird_split_dir(root, split) / f"{split}_databases" / db_id / f"{db_id}.sqlite"
+
+
+def load_bird(root: Path, split: str) -> LoadResult:
+    """Load one BIRD split as Examples (evidence kept, BIRD difficulty in ``difficulty``)."""
+    folder = bird_split_dir(root, split)
+    path = folder / f"{split}.json"
+    databases = folder / f"{split}_databases"
+    if not databases.is_dir():
+        raise CorpusError(f"{databases}: database folder not found")
+    tables = str(folder / f"{split}_tables.json")
+    collector = ExampleCollector("bird", split, (path,))
+    for index, data in iter_json_array(path):
+        rec = RecordAt(path, index, data)
+        db_id = rec.text("db_id")
+        difficulty = rec.optional_text("difficulty")
+        if difficulty and difficulty not in BIRD_DIFFICULTIES:
+            raise CorpusError(f"{rec.where}: field 'difficulty' must be one of "
+                              f"{list(BIRD_DIFFICULTIES)}, got {difficulty!r}")
+        meta = {"tables_json": tables}
+        if rec.get("question_id") is not None:
+            meta["question_id"] = rec.get("question_id")
+        collector.add(
+            index,
+            id=f"bird-{split}-{index:06d}",
+            db_id=db_id,
+            question=rec.text("question"),
+            gold_sql=rec.text("SQL"),
+            evidence=rec.optional_text("evidence"),
+            difficulty=difficulty,
+            db_path=databases / db_id / f"{db_id}.sqlite",
+            meta=meta,
+        )
+    return collector.finish()

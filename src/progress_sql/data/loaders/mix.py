@@ -1,0 +1,103 @@
+"""A mixed training set drawn from several loaded corpora with fixed shares (params ``data.mix``).
+
+The paper samples 20,000 training examples from BIRD + Spider + SynSQL. Shares are renormalised
+over the sources actually given; a source with fewer examples than its share gives all it has
+and the others fill the difference in their own proportions (logged, so a run says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Mapping, Sequence
+
+from progress_sql.data.records import Example
+
+log = logging.getLogger(__name__)
+
+
+def _as_mapping(ratios: object) -> dict[str, float]:
+    if hasattr(ratios, "model_dump"):  # config.MixRatios
+        ratios = ratios.model_dump()
+    if not isinstance(ratios, Mapping):
+        raise TypeError(f"ratios must be a mapping of source → share, got {type(ratios).__name__}")
+    out = {str(k): float(v) for k, v in ratios.items()}
+    bad = {k: v for k, v in out.items() if not math.isfinite(v) or v < 0}
+    if bad:
+        raise ValueError(f"mix ratios must be finite and non-negative, got {bad}")
+    return out
+
+
+def _largest_remainder(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Integer shares of ``total`` proportional to ``weights`` that sum to ``total`` exactly."""
+    norm = sum(weights.values())
+    exact = {k: total * w / norm for k, w in weights.items()}
+    shares = {k: math.floor(v) for k, v in exact.items()}
+    leftover = total - sum(shares.values())
+    # Ties go to the name that sorts first, so the plan never depends on dict order.
+    for k in sorted(exact, key=lambda k: (shares[k] - exact[k], k))[:leftover]:
+        shares[k] += 1
+    return shares
+
+
+def plan_mix(available: Mapping[str, int], ratios: object, total: int) -> dict[str, int]:
+    """How many examples to take from each source: the shares of ``total`` by ``ratios``.
+
+    Sources without a positive ratio or without examples contribute nothing; a source whose
+    share exceeds what it has gives everything, and the rest is re-split among the others.
+    """
+    if total < 0:
+        raise ValueError(f"total must be non-negative, got {total}")
+    weights = _as_mapping(ratios)
+    unknown = sorted(set(available) - set(weights))
+    if unknown:
+        raise ValueError(f"no mix ratio for source(s) {unknown}; ratios are given for {sorted(weights)}")
+    plan = {name: 0 for name in available}
+    active = {name: weights[name] for name, n in available.items() if n > 0 and weights[name] > 0}
+    if not active:
+        if total and any(available.values()):
+            raise ValueError("every source with examples has mix ratio 0")
+        return plan
+    remaining = min(total, sum(available[name] for name in active))
+    while active:
+        shares = _largest_remainder(remaining, active)
+        short = [name for name in active if shares[name] > available[name]]
+        if not short:
+            plan.update(shares)
+            break
+        for name in short:  # take all of it; the others share what is left
+            plan[name] = available[name]
+            remaining -= available[name]
+            del active[name]
+    return plan
+
+
+def mix(sources: Mapping[str, Sequence[Example]], ratios: object, total: int, seed: int) -> list[Example]:
+    """Sample ``total`` examples from ``sources`` (name → examples) by ``ratios``, reproducibly.
+
+    The same inputs and seed always give the same list; each source is sampled with its own
+    generator, so adding a source does not change what is drawn from the others.
+    """
+    available = {name: len(examples) for name, examples in sources.items()}
+    weights = _as_mapping(ratios)
+    plan = plan_mix(available, weights, total)
+    positive = {name: weights[name] for name in plan if weights.get(name, 0) > 0 and available[name] > 0}
+    if positive:
+        wanted = _largest_remainder(total, positive)
+        for name in positive:
+            if plan[name] < wanted[name]:
+                log.warning("mix: source %s has %d examples, fewer than its share %d of %d: taking all of them",
+                            name, available[name], wanted[name], total)
+    taken = sum(plan.values())
+    if taken < total:
+        log.warning("mix: only %d examples available with a positive ratio, fewer than the %d asked for",
+                    taken, total)
+    chosen: list[Example] = []
+    for name in sorted(plan):
+        rng = random.Random(f"{seed}:{name}")
+        picks = sorted(rng.sample(range(available[name]), plan[name]))
+        chosen.extend(sources[name][i] for i in picks)
+    random.Random(seed).shuffle(chosen)
+    log.info("mix: %s", ", ".join(f"{name} {n}" for name, n in sorted(plan.items())))
+    return chosen

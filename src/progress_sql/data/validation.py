@@ -1,0 +1,341 @@
+"""Validation of a built corpus with a Great Expectations suite (the ``validate`` stage).
+
+Every example of every split and robustness variant becomes one row of a pandas DataFrame.
+Columns that need the project's own code are derived first (does the gold SQL parse, does it
+execute on its database within ``data.gold_timeout_s``, is its result non-empty, in how many
+splits does its database occur); the checks themselves are GE expectations over those
+columns, each with a readable name that the report and the failure messages use.
+
+Records are read leniently here (plain JSON per line, not ``read_jsonl``) so that a bad value
+becomes a failed expectation naming the rows, instead of an exception at the first one; only
+a missing or unreadable file is a CorpusError.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from progress_sql.config import Settings
+from progress_sql.data.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example
+from progress_sql.sql import SQLParseError, SQLPool, parse_one
+
+REQUIRED_FIELDS = ("id", "db_id", "question", "gold_sql", "hardness")
+_EXAMPLE_FIELDS = frozenset(Example.__dataclass_fields__)
+_SHOWN_OFFENDERS = 5  # offending ids named per failed expectation
+
+
+# ----------------------------------------------------------------------------- report
+@dataclass(frozen=True)
+class ExpectationOutcome:
+    """One expectation of the suite and how the corpus fared."""
+
+    name: str  # readable: "ids are unique"
+    expectation: str  # GE type: expect_column_values_to_be_unique
+    column: str
+    success: bool
+    observed: str  # what was seen: "2 of 40 rows", "mean 0.91, at least 0.95 required"
+    offenders: tuple[str, ...] = ()  # a few ids (or db_ids) that violate it
+
+    def message(self) -> str:
+        text = f"{self.name}: {self.observed}"
+        return text + (f" (e.g. {', '.join(self.offenders)})" if self.offenders else "")
+
+
+@dataclass
+class ValidationReport:
+    corpus_dir: str
+    success: bool
+    outcomes: list[ExpectationOutcome]
+    rows: dict[str, int]  # examples per split / variant
+    thresholds: dict[str, float]
+    ge_result: dict[str, Any] = field(default_factory=dict, repr=False)  # GE's own JSON result
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per violated expectation: its name, what was seen, a few offenders."""
+        return [o.message() for o in self.outcomes if not o.success]
+
+    def summary(self) -> str:
+        """The readable report (Markdown), also written as validation.md."""
+        status = "PASSED" if self.success else "FAILED"
+        n_ok = sum(o.success for o in self.outcomes)
+        lines = [
+            f"# Corpus validation: {status}",
+            "",
+            f"Corpus: `{self.corpus_dir}`; {n_ok} of {len(self.outcomes)} expectations met.",
+            "",
+            "| part | examples |",
+            "|---|---|",
+            *(f"| {part} | {n} |" for part, n in self.rows.items()),
+            "",
+            "| expectation | result | observed |",
+            "|---|---|---|",
+            *(f"| {o.name} | {'ok' if o.success else 'FAILED'} | {o.observed} |" for o in self.outcomes),
+        ]
+        if self.failures:
+            lines += ["", "## Violations", "", *(f"- {f}" for f in self.failures)]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "corpus_dir": self.corpus_dir,
+            "success": self.success,
+            "failures": self.failures,
+            "rows": self.rows,
+            "thresholds": self.thresholds,
+            "expectations": [
+                {
+                    "name": o.name,
+                    "expectation": o.expectation,
+                    "column": o.column,
+                    "success": o.success,
+                    "observed": o.observed,
+                    "offenders": list(o.offenders),
+                }
+                for o in self.outcomes
+            ],
+            "great_expectations": self.ge_result,
+        }
+
+    def write(self, report_dir: Path) -> None:
+        """Write report_dir/validation.json and report_dir/validation.md."""
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "validation.json").write_text(
+            json.dumps(self.to_dict(), indent=2, default=str) + "\n", encoding="utf-8"
+        )
+        (report_dir / "validation.md").write_text(self.summary(), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- the table
+def _read_rows(path: Path, part: str) -> list[dict[str, Any]]:
+    """The records of one JSONL file as plain dicts; blank or non-string required fields → None."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CorpusError(f"{path}: cannot read ({err})") from None
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        row: dict[str, Any] = {
+            key: obj.get(key) if isinstance(obj.get(key), str) and obj.get(key).strip() else None
+            for key in REQUIRED_FIELDS
+        }
+        extra = sorted(set(obj) - _EXAMPLE_FIELDS)
+        row.update(part=part, is_variant=part in VARIANTS, extra_fields=", ".join(extra) if extra else None)
+        rows.append(row)
+    return rows
+
+
+def _gold_parses(sql: str) -> bool:
+    try:
+        parse_one(sql)
+    except SQLParseError:
+        return False
+    return True
+
+
+def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
+    """One row per example of every split and variant, with the derived columns the suite checks.
+
+    Gold queries run in an SQLPool on their database with ``data.gold_timeout_s`` and the
+    sandbox's row cap (as evaluation will run them); each distinct (database, SQL) pair runs
+    once (variants share their original's gold).
+    """
+    layout = CorpusLayout(Path(corpus_dir))
+    rows: list[dict[str, Any]] = []
+    for split in SPLITS:
+        rows += _read_rows(layout.split(split), split)
+    for variant in VARIANTS:
+        if layout.variant(variant).exists():  # variants are optional (a Spider-only corpus has none)
+            rows += _read_rows(layout.variant(variant), variant)
+    df = pd.DataFrame(rows, columns=[*REQUIRED_FIELDS, "part", "is_variant", "extra_fields"])
+
+    df["db_exists"] = [isinstance(d, str) and layout.database(d).is_file() for d in df["db_id"]]
+    parses = {sql: _gold_parses(sql) for sql in set(df["gold_sql"].dropna())}  # variants repeat golds
+    df["gold_parses"] = [parses.get(sql, False) for sql in df["gold_sql"]]
+
+    runnable = df["db_exists"] & df["gold_sql"].notna()
+    pairs = sorted({(db, sql) for db, sql, ok in zip(df["db_id"], df["gold_sql"], runnable) if ok})
+    results = dict(zip(pairs, _execute(layout, pairs, settings)))
+    outcome = [results.get((db, sql)) for db, sql in zip(df["db_id"], df["gold_sql"])]
+    df["gold_executes"] = [r is not None and r.ok for r in outcome]
+    df["gold_error"] = [
+        (None if r.ok else f"{r.error}: {r.message}") if r is not None
+        else "no_database: database file missing" if not exists else "no gold SQL"
+        for r, exists in zip(outcome, df["db_exists"])
+    ]
+    # 1/0 for executed golds, NaN otherwise: the share of non-empty results is the column mean
+    # over golds that ran (one that fails to run is the "executes" expectation's business).
+    df["gold_nonempty"] = [float(bool(r.rows)) if r is not None and r.ok else math.nan for r in outcome]
+
+    main = ~df["is_variant"] & df["db_id"].notna()
+    splits_per_db = df[main].groupby("db_id")["part"].nunique()
+    df["db_split_count"] = [
+        float(splits_per_db[db]) if is_main else math.nan for db, is_main in zip(df["db_id"], main)
+    ]
+    train_dbs = set(df.loc[df["part"] == "train", "db_id"].dropna())
+    df["variant_db_in_train"] = [
+        (db in train_dbs) if variant and db is not None else None
+        for db, variant in zip(df["db_id"], df["is_variant"])
+    ]
+    return df
+
+
+def _execute(layout: CorpusLayout, pairs: list[tuple[str, str]], settings: Settings) -> list:
+    if not pairs:
+        return []
+    jobs = [(layout.database(db), sql) for db, sql in pairs]
+    with SQLPool(settings.sandbox.workers, settings=settings.sandbox) as pool:
+        return pool.map(jobs, timeout_s=settings.data.gold_timeout_s)
+
+
+# ----------------------------------------------------------------------------- the suite
+@dataclass(frozen=True)
+class _Check:
+    name: str
+    column: str
+    offender_column: str = "id"
+
+
+def _suite(gx: Any, settings: Settings) -> tuple[Any, list[_Check]]:
+    """The expectation suite, and per expectation (in order) its readable name."""
+    E = gx.expectations
+    min_nonempty = 1.0 - settings.data.max_empty_gold_share
+    specs: list[tuple[_Check, Any]] = [
+        (_Check(f"required field '{f}' is present", f), E.ExpectColumnValuesToNotBeNull(column=f))
+        for f in REQUIRED_FIELDS
+    ]
+    specs += [
+        (_Check("records carry only Example fields", "extra_fields"),
+         E.ExpectColumnValuesToBeNull(column="extra_fields")),
+        (_Check("every split has examples", "part", offender_column=""),
+         E.ExpectColumnDistinctValuesToContainSet(column="part", value_set=list(SPLITS))),
+        (_Check("ids are unique", "id"), E.ExpectColumnValuesToBeUnique(column="id")),
+        (_Check(f"hardness is one of {', '.join(HARDNESS_LEVELS)}", "hardness"),
+         E.ExpectColumnValuesToBeInSet(column="hardness", value_set=list(HARDNESS_LEVELS))),
+        (_Check("database file exists", "db_exists"),
+         E.ExpectColumnValuesToBeInSet(column="db_exists", value_set=[True])),
+        (_Check("gold SQL parses", "gold_parses"),
+         E.ExpectColumnValuesToBeInSet(column="gold_parses", value_set=[True])),
+        (_Check(f"gold SQL executes within {settings.data.gold_timeout_s:g} s", "gold_executes"),
+         E.ExpectColumnValuesToBeInSet(column="gold_executes", value_set=[True])),
+        (_Check(f"at least {min_nonempty:.0%} of gold results are non-empty", "gold_nonempty"),
+         E.ExpectColumnMeanToBeBetween(column="gold_nonempty", min_value=min_nonempty, max_value=1.0)),
+        (_Check("splits are disjoint by database", "db_split_count", offender_column="db_id"),
+         E.ExpectColumnValuesToBeInSet(column="db_split_count", value_set=[1.0])),
+        (_Check("variants use no train database", "variant_db_in_train", offender_column="db_id"),
+         E.ExpectColumnValuesToBeInSet(column="variant_db_in_train", value_set=[False])),
+    ]
+    suite = gx.ExpectationSuite(name="progress_sql_corpus")
+    for check, expectation in specs:
+        expectation.meta = {"name": check.name}
+        suite.add_expectation(expectation)
+    return suite, [check for check, _ in specs]
+
+
+@lru_cache(maxsize=1)
+def _great_expectations() -> tuple[Any, Any]:
+    """GE and a batch definition for in-memory DataFrames, made once per process.
+
+    Imported here, not at module level: importing GE takes seconds, and only this stage needs it.
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no usage statistics sent anywhere
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    batch_definition = (
+        context.data_sources.add_pandas("progress_sql_corpus")
+        .add_dataframe_asset("examples")
+        .add_batch_definition_whole_dataframe("all_examples")
+    )
+    return gx, batch_definition
+
+
+def _offenders(check: _Check, bad: pd.DataFrame, df: pd.DataFrame) -> tuple[str, ...]:
+    """A few offending ids (or databases, with the parts they occur in) for a failure message."""
+    if check.offender_column == "db_id":
+        names = []
+        # The split check counts train/dev/test only, so only those are named for it.
+        scope = df[~df["is_variant"]] if check.column == "db_split_count" else df
+        for db in dict.fromkeys(bad["db_id"]):
+            parts = dict.fromkeys(scope.loc[scope["db_id"] == db, "part"])
+            names.append(f"{db} in {'+'.join(parts)}")
+    elif check.column == "gold_executes":
+        names = [f"{i} ({str(err).split(':')[0]})" for i, err in zip(bad["id"], bad["gold_error"])]
+    else:
+        names = [str(v) for v in dict.fromkeys(bad[check.offender_column])]
+    return tuple(names[:_SHOWN_OFFENDERS])
+
+
+def _outcome(check: _Check, result: Any, df: pd.DataFrame) -> ExpectationOutcome:
+    config = result.expectation_config
+    res = result.result or {}
+    if result.exception_info and result.exception_info.get("raised_exception"):
+        observed = f"could not be evaluated ({result.exception_info.get('exception_message')})"
+        return ExpectationOutcome(check.name, config.type, check.column, False, observed)
+    offenders: tuple[str, ...] = ()
+    if "unexpected_count" in res:
+        observed = f"{res['unexpected_count']} of {res.get('element_count', len(df))} rows violate it"
+        if not result.success:
+            offenders = _offenders(check, df.loc[list(res.get("partial_unexpected_index_list") or [])], df)
+    elif check.column == "part":
+        missing = res.get("partial_missing_list") or []
+        observed = f"missing: {', '.join(map(str, missing))}" if missing else "all present"
+    else:  # the non-empty share
+        mean = res.get("observed_value")
+        observed = "no gold executed" if mean is None or pd.isna(mean) else f"share {float(mean):.3f}"
+        if not result.success:
+            empty = df.loc[df[check.column] == 0.0, "id"].dropna()
+            offenders = tuple(str(v) for v in empty[:_SHOWN_OFFENDERS])
+            observed += f", {len(empty)} empty"
+    return ExpectationOutcome(check.name, config.type, check.column, bool(result.success), observed, offenders)
+
+
+def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> ValidationReport:
+    """Run the GE suite over the corpus at ``corpus_dir``; write validation.json/.md to ``report_dir``.
+
+    A missing or unreadable split file raises CorpusError naming it; everything else that is
+    wrong with the corpus shows up as a failed expectation in the returned report.
+    """
+    corpus_dir = Path(corpus_dir)
+    df = corpus_frame(corpus_dir, settings)
+    gx, batch_definition = _great_expectations()
+    suite, checks = _suite(gx, settings)
+    batch = batch_definition.get_batch(batch_parameters={"dataframe": df})
+    result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 20})
+    by_name = {r.expectation_config.meta["name"]: r for r in result.results}
+    outcomes = [_outcome(check, by_name[check.name], df) for check in checks]
+    report = ValidationReport(
+        corpus_dir=str(corpus_dir),
+        success=bool(result.success),
+        outcomes=outcomes,
+        rows={part: int(n) for part in (*SPLITS, *VARIANTS) if (n := (df["part"] == part).sum()) or part in SPLITS},
+        thresholds={
+            "max_empty_gold_share": settings.data.max_empty_gold_share,
+            "gold_timeout_s": settings.data.gold_timeout_s,
+        },
+        ge_result=result.to_json_dict(),
+    )
+    report.write(Path(report_dir))
+    return report
