@@ -91,12 +91,7 @@ def _draw(col: Column, i: int, row: dict, rng: random.Random, samplers: dict, un
     if col.kind == "id":
         return i + 1
     if col.kind == "ref":
-        value = samplers[col.name]()
-        for _ in range(_REDRAWS):
-            if not col.differs_from or value != row.get(col.differs_from):
-                break
-            value = samplers[col.name]()
-        return value
+        return ref_value(col, samplers, row)
     if col.name in unique:
         return unique[col.name][i]
     if col.nulls and rng.random() < col.nulls:
@@ -202,3 +197,13 @@ def database_fingerprint(path: Path) -> str:
     finally:
         con.close()
     return digest.hexdigest()
+
+
+def ref_value(col: Column, samplers: dict, row: dict) -> object:
+    """A foreign-key value, redrawn a few times when it must differ from another column."""
+    value = samplers[col.name]()
+    for _ in range(_REDRAWS):
+        if not col.differs_from or value != row.get(col.differs_from):
+            break
+        value = samplers[col.name]()
+    return value

@@ -29,7 +29,7 @@ from sqlglot import exp
 
 from progress_sql.config import Settings
 from progress_sql.data.domains.spec import Column, Domain
-from progress_sql.data.generate_db import Rows, parent_sampler, write_database
+from progress_sql.data.generate_db import Rows, parent_sampler, ref_value, write_database
 from progress_sql.data.query import Col, Select, all_conds
 from progress_sql.data.records import CorpusLayout, read_jsonl
 from progress_sql.sql import GoldCache, SQLParseError, execution_match, parse_one, test_suite_match
@@ -94,7 +94,7 @@ def fuzz_rows(domain: Domain, rows: Rows, rng: random.Random, keep: float, row_c
                 if col.kind == "id":
                     row[col.name] = len(new) + 1
                 elif col.kind == "ref":
-                    row[col.name] = _ref_value(col, samplers, row)
+                    row[col.name] = ref_value(col, samplers, row)
                 else:
                     hints = literals.get((table.name, col.name), ())
                     row[col.name] = _fuzz_value(col, base[col.name], pools[col.name], hints, keep, rng)
@@ -131,13 +131,6 @@ def _fuzz_value(col: Column, value: object, pool: list, hints: Sequence, keep: f
     return None if value is None else _perturb(col, value, rng)
 
 
-def _ref_value(col: Column, samplers: dict, row: dict) -> object:
-    value = samplers[col.name]()
-    for _ in range(_REDRAWS):
-        if not col.differs_from or value != row.get(col.differs_from):
-            break
-        value = samplers[col.name]()
-    return value
 
 
 def write_neighbours(layout: CorpusLayout, db_id: str, domain: Domain, rows: Rows, k: int,

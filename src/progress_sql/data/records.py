@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
+from progress_sql.sql.hardness import HARDNESS_LEVELS  # noqa: F401  (re-exported for data code)
+
 SPLITS = ("train", "dev", "test")
 VARIANTS = ("syn", "realistic", "dk")
 
@@ -47,6 +48,16 @@ def example_from_dict(obj: object, where: str) -> Example:
     if unknown:
         raise CorpusError(f"{where}: unknown field(s) {sorted(unknown)}")
     return Example(**obj)
+
+
+def read_text(path: Path) -> str:
+    """A corpus or dataset file's text; CorpusError naming the file when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CorpusError(f"{path}: cannot read ({err})") from None
 
 
 def write_jsonl(path: Path, examples: Iterable[Example]) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from progress_sql.data.records import CorpusError
+from progress_sql.data.records import CorpusError, read_text
 
 # Spider's column types → SQLite declared types (their affinity: TEXT, NUMERIC, BLOB).
 _SQLITE_TYPES = {
@@ -201,12 +201,7 @@ def _column_list(entry: dict, key: str, where: str, n_tables: int) -> list[tuple
 def read_tables_json(path: Path) -> dict[str, DatabaseSchema]:
     """Every database of a Spider-format tables.json, by db_id."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CorpusError(f"{path}: cannot read ({err})") from None
+    text = read_text(path)
     try:
         entries = json.loads(text)
     except json.JSONDecodeError as err:

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from progress_sql.config import Settings
-from progress_sql.data.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example
+from progress_sql.data.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_text
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 
 REQUIRED_FIELDS = ("id", "db_id", "question", "gold_sql", "hardness")
@@ -118,12 +118,7 @@ class ValidationReport:
 # ----------------------------------------------------------------------------- the table
 def _read_rows(path: Path, part: str) -> list[dict[str, Any]]:
     """The records of one JSONL file as plain dicts; blank or non-string required fields → None."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CorpusError(f"{path}: cannot read ({err})") from None
+    text = read_text(path)
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
