@@ -29,28 +29,8 @@ from progress_sql.data.records import CorpusError, Example
 from progress_sql.data.schema import create_database, read_tables_json
 from progress_sql.sql import hardness
 
-ROWS = {
-    "concert_singer": {
-        "stadium": [(1, "Raith", "Stark's Park", 10104, 4812, 1294, 2106),
-                    (2, "Ayr", "Somerset Park", 11998, 2363, 1057, 1477)],
-        "singer": [(1, "Joe Sharp", "Netherlands", "You", "1992", 52, "F"),
-                   (2, "Timbaland", "United States", "Dangerous", "2008", 32, "T"),
-                   (3, "Justin Brown", "France", "Hey Oh", "2013", 29, "T")],
-        "concert": [(1, "Auditions", "Free choice", "1", "2014"), (2, "Super bootcamp", "Happy", "2", "2015")],
-        "singer_in_concert": [(1, "2"), (2, "3")],
-    },
-    "pets_1": {
-        "Student": [(1001, "Smith", "Linda", 18, "F", 600, 1121, "BAL"),
-                    (1002, "Kim", "Tracy", 19, "F", 600, 7712, "HKG"),
-                    (1003, "Jones", "Shiela", 21, "M", 600, 7792, "WAS")],
-        "Pets": [(2001, "cat", 3, 12.0), (2002, "dog", 2, 13.4), (2003, "dog", 1, 9.3)],
-        "Has_Pet": [(1001, 2001), (1002, 2002), (1002, 2003)],
-    },
-    "perpetrator": {
-        "people": [(1, "Ron Baxter", 6.4, 205, "Los Angeles, CA"), (2, "Brent Boyd", 6.3, 185, "Baton Rouge, LA")],
-        "perpetrator": [(1, 1, "04.26 April 26/27", 1982, "Uiryeong", "South Korea", 56, 37)],
-    },
-}
+from conftest import SPIDER_ROWS as ROWS
+
 
 BAD_SQL = "SELECT name FROM singer WHERE (age >"
 
