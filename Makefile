@@ -19,9 +19,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,dev]" \
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,ml,dev]" \
 	  || { echo "sqlglot[c] unavailable: installing with pure-Python sqlglot"; \
-	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,dev]"; }
+	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,ml,dev]"; }
 	$(BIN)/python -c "import progress_sql.sql.parse as p; print('sqlglot compiled:', p.sqlglot_compiled())"
 	touch $@
 

@@ -105,3 +105,15 @@ def test_empty_file_gives_defaults(tmp_path: Path):
     path = tmp_path / "params.yaml"
     path.write_text("")
     assert load_settings(path) == Settings()
+
+
+def test_configuration_reference_is_in_sync():
+    """docs/CONFIG.md is generated from the settings model and params.yaml's comments; the
+    README points to it. Regenerate: python -m progress_sql.config_reference > docs/CONFIG.md"""
+    from progress_sql.config_reference import reference_markdown
+
+    expected = reference_markdown(PARAMS.read_text(encoding="utf-8"))
+    assert (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8") == expected
+    for key in _leaf_keys(Settings().model_dump()):
+        assert f"`{key}`" in expected
+    assert "docs/CONFIG.md" in (REPO / "README.md").read_text(encoding="utf-8")

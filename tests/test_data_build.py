@@ -325,7 +325,8 @@ def test_cli_build_then_validate_and_fail_on_a_broken_corpus(tmp_path):
     assert len(examples(CorpusLayout(out), "train")) == 60
 
     report = tmp_path / "report"
-    args = ["data", "validate", "--corpus", str(out), "--report-dir", str(report), *_cli_args(tmp_path)]
+    args = ["data", "validate", "--corpus", str(out), "--report-dir", str(report), *_cli_args(tmp_path),
+            "--set", "tracking.enabled=false"]  # no MLflow store in the working directory
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (report / "validation.json").is_file() and (report / "validation.md").is_file()

@@ -21,8 +21,20 @@ def _register_optional() -> None:
     try:
         from progress_sql.cli.data import app as data_app
     except ImportError:
+        pass
+    else:
+        app.add_typer(data_app, name="data")
+    try:  # the ML and MLOps commands import torch / mlflow only when they run
+        from progress_sql.cli.ask import ask
+        from progress_sql.cli.eval import evaluate
+        from progress_sql.cli.registry import app as registry_app
+        from progress_sql.cli.train import app as train_app
+    except ImportError:
         return
-    app.add_typer(data_app, name="data")
+    app.add_typer(train_app, name="train")
+    app.command("eval")(evaluate)
+    app.add_typer(registry_app, name="registry")
+    app.command("ask")(ask)
 
 
 _register_optional()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import typer
 import yaml
 
-from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict
+from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict, yaml_load
 
 SET_HELP = "Override a setting, e.g. --set data.train_size=200 (repeatable; the value is read as YAML)"
 
@@ -21,7 +22,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = yaml_load(raw)
         except yaml.YAMLError as err:
             raise typer.BadParameter(f"{key}: value is not valid YAML ({err})", param_hint="--set") from None
     return out
@@ -38,3 +39,19 @@ def load_or_exit(params: str, overrides: dict | None = None) -> Settings:
     except SettingsError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+
+
+@contextmanager
+def stage_or_exit(name: str, errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """End the command with its message and exit code 1 when the stage run inside (a function
+    of ``progress_sql.stages``) fails in a way it reports: a CorpusError, an MLflow
+    TrackingError, a ValueError or FileNotFoundError from the stage's checks, or one of
+    ``errors``. The stage's MLflow run is already marked FAILED when the error gets here."""
+    from progress_sql.data.records import CorpusError
+    from progress_sql.tracking import TrackingError
+
+    try:
+        yield
+    except (CorpusError, TrackingError, ValueError, FileNotFoundError, *errors) as err:
+        typer.echo(f"error: stage {name} failed: {err}", err=True)
+        raise typer.Exit(1) from None

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import typer
+
+from progress_sql import stages
 from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
 
 app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=True)
+
 
 @app.command("build")
 def build(
@@ -17,13 +21,12 @@ def build(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
     """Generate the bundled corpus: databases, splits, robustness variants, neighbours."""
-    from progress_sql.data.build import build_corpus
     from progress_sql.data.records import CorpusError
 
     settings = load_or_exit(params, parse_overrides(overrides))
     target = Path(out or settings.data.out_dir)
     try:
-        manifest = build_corpus(settings, target, progress=progress)
+        manifest = stages.build_data(settings, target, progress=progress)
     except CorpusError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
@@ -46,12 +49,16 @@ def validate(
 ) -> None:
     """Run the Great Expectations suite over a corpus; exit 1 naming each failed expectation."""
     from progress_sql.data.records import CorpusError
-    from progress_sql.data.validation import validate_corpus
 
     settings = load_or_exit(params, parse_overrides(overrides))
+    errors: tuple[type[BaseException], ...] = (CorpusError,)
+    if settings.tracking.enabled:  # MLflow (an optional extra) is imported only when used
+        from progress_sql.tracking import TrackingError
+
+        errors += (TrackingError,)
     try:
-        report = validate_corpus(Path(corpus or settings.data.out_dir), settings, Path(report_dir))
-    except CorpusError as err:
+        report = stages.validate_data(settings, corpus or settings.data.out_dir, report_dir)
+    except errors as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo(report.summary())

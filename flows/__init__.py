@@ -1,0 +1,1 @@
+"""Prefect flows and their deployments: ``pipeline.py`` (flows and tasks), ``serve.py``."""

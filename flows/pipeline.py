@@ -1,0 +1,237 @@
+"""Prefect flows of the pipeline: data build → validation → tiny policy → SFT → RL →
+evaluation → registration, the stages of dvc.yaml.
+
+The flows are thin. Every task runs the function of ``progress_sql.stages`` that its CLI
+command runs (named in its docstring): the same MLflow stage run, the same report files. What
+is Prefect's own stays here: the markdown artifacts, the retries, the run logger. Tasks take
+the Settings the CLI would build from ``params`` (a params.yaml path) and ``overrides``
+(dotted keys, as ``--set`` takes them: ``{"rl.steps": 5}``), validated by the same settings
+model, so a bad override fails the run at once with the message the CLI prints. One Prefect run is one MLflow
+pipeline run, tagged with the flow run's id, name and URL; the stages nest under it.
+
+Retries: only the MLflow registry calls retry (a tracking server can blink). Building data,
+training and evaluating are deterministic and expensive: a failure there is final.
+
+Flows, served as deployments by ``flows/serve.py``:
+
+- ``training-pipeline``: the whole chain (``run_sft=False`` starts RL from ``rl.init_from``);
+- ``evaluate-model``: ``progress-sql eval`` of a policy folder or ``models:/name@alias``;
+- ``promote-model``: ``progress-sql registry promote`` (the champion alias to a version).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
+
+from progress_sql import stages
+from progress_sql.config import Settings, load_settings
+
+# A plain dict default (never mutated) makes the Prefect UI draw a JSON editor for overrides;
+# an Optional one makes it a "dict | None" switch set to None.
+NO_OVERRIDES: dict[str, Any] = {}
+# The retries of the registry tasks (see the module docstring).
+REGISTRY_RETRIES = 2
+REGISTRY_RETRY_DELAY_S = 5
+
+
+class StageFailed(RuntimeError):
+    """A stage ran to the end but its verdict stops the pipeline (a corpus that fails validation)."""
+
+
+def resolve_settings(params: str, overrides: dict[str, Any] | None) -> Settings:
+    """params.yaml plus dotted overrides, validated; a SettingsError names the bad key."""
+    return load_settings(params, dict(overrides or {}))
+
+
+def run_tags() -> dict[str, str]:
+    """MLflow tags linking the pipeline run to the current Prefect flow run."""
+    tags = {"prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
+            "prefect.flow_name": str(flow_run.flow_name or "")}
+    # url_for knows the open-source UI's route (runtime.flow_run.ui_url gives Prefect Cloud's).
+    url = url_for("flow-run", obj_id=flow_run.id) if flow_run.id else None
+    if url:
+        tags["prefect.flow_run_url"] = url
+    return tags
+
+
+def _run_name(prefix: str) -> str:
+    return f"{prefix}-{flow_run.name}" if flow_run.name else prefix
+
+
+# ----------------------------------------------------------------------------- tasks
+# NO_CACHE everywhere: each stage writes files, a new run runs it again (DVC is the tool that
+# skips unchanged stages). Tasks take the validated Settings object.
+@task(name="build-data", cache_policy=NO_CACHE)
+def build_data(settings: Settings) -> str:
+    """``progress-sql data build``: the bundled corpus into ``data.out_dir``; its folder."""
+    manifest = stages.build_data(settings, progress=False)
+    get_run_logger().info("built %s in %.1f s: %s", settings.data.out_dir, manifest["build_seconds"],
+                          ", ".join(f"{split} {info['examples']}" for split, info in manifest["splits"].items()))
+    return settings.data.out_dir
+
+
+@task(name="validate-data", cache_policy=NO_CACHE)
+def validate_data(settings: Settings, corpus_dir: str, report_dir: str) -> str:
+    """``progress-sql data validate``: the Great Expectations suite; its report is published
+    as the ``data-validation`` markdown artifact; a failed expectation raises StageFailed
+    naming each one."""
+    report = stages.validate_data(settings, corpus_dir, report_dir)
+    create_markdown_artifact(key="data-validation", description=report.summary().splitlines()[0],
+                             markdown=(Path(report_dir) / "validation.md").read_text(encoding="utf-8"))
+    if not report.success:
+        raise StageFailed("corpus validation failed:\n" + "\n".join(report.failures))
+    return report.summary()
+
+
+@task(name="init-model", cache_policy=NO_CACHE)
+def init_model(settings: Settings, corpus_dir: str) -> str:
+    """``progress-sql train init``: the untrained tiny policy in ``model.base_dir``."""
+    return str(stages.init_model(settings, corpus_dir))
+
+
+@task(name="sft", cache_policy=NO_CACHE)
+def sft(settings: Settings, corpus_dir: str, report_dir: str) -> str:
+    """``progress-sql train sft``: the warm start from ``sft.init_from`` into ``sft.out_dir``."""
+    result, _ = stages.sft(settings, corpus_dir, report_dir=report_dir, progress=False)
+    get_run_logger().info("sft: %d steps in %.0f s, final loss %.3f", result.steps, result.seconds, result.final_loss)
+    return result.out_dir
+
+
+@task(name="train-rl", cache_policy=NO_CACHE)
+def train_rl(settings: Settings, corpus_dir: str, report_dir: str) -> str:
+    """``progress-sql train rl``: RL from ``rl.init_from``; the final policy's folder."""
+    logger = get_run_logger()
+
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
+        logger.info("rl step %d: reward/mean %s", step, metrics.get("reward/mean"))
+
+    result, _ = stages.train_rl(settings, corpus_dir, report_dir=report_dir, progress=False, on_step=on_step)
+    return str(result.final_dir)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(settings: Settings, model: str, corpus_dir: str, splits: list[str] | None = None) -> dict[str, float]:
+    """``progress-sql eval``: the flat metrics; the report's tables are published as the
+    ``evaluation`` markdown artifact."""
+    result = stages.evaluate(settings, model, corpus_dir, splits, settings.eval.out_dir, progress=False)
+    gate = settings.eval.gate_metric
+    value = result.gate(gate)
+    create_markdown_artifact(key="evaluation", markdown=result.files["report"].read_text(encoding="utf-8"),
+                             description=f"{model}: {gate} = {'not computed' if value is None else f'{value:.4f}'}")
+    return result.flat
+
+
+@task(name="register-model", cache_policy=NO_CACHE, retries=REGISTRY_RETRIES, retry_delay_seconds=REGISTRY_RETRY_DELAY_S)
+def register_model(settings: Settings, model_dir: str, metrics: dict[str, float]) -> int:
+    """``progress-sql registry register`` (first half): log the policy and register a version."""
+    return stages.register(settings, model_dir, metrics)
+
+
+@task(name="promote-if-better", cache_policy=NO_CACHE, retries=REGISTRY_RETRIES,
+      retry_delay_seconds=REGISTRY_RETRY_DELAY_S)
+def promote_if_better(settings: Settings, version: int, metrics: dict[str, float], report: str) -> dict[str, Any]:
+    """``progress-sql registry register`` (second half): the champion gate on
+    ``eval.gate_metric``; writes ``report`` (reports/registry.json) and publishes the
+    ``registry`` markdown artifact; the decision."""
+    name, gate = settings.tracking.model_name, settings.eval.gate_metric
+    decision = stages.gate(settings, name, version, metrics, report)
+    alias = settings.tracking.champion_alias
+    create_markdown_artifact(key="registry", description=f"{name} v{version}: {decision.reason}", markdown=(
+        f"| model | version | {gate} | {alias} | decision |\n|---|---|---|---|---|\n"
+        f"| {name} | {version} | {decision.candidate_value} | v{decision.champion_version} | "
+        f"{'promoted' if decision.promoted else 'kept'}: {decision.reason} |\n"))
+    get_run_logger().info("registered %s v%d: %s", name, version, decision.reason)
+    return {"model": name, "version": version, "promoted": decision.promoted, "reason": decision.reason,
+            "champion_version": decision.champion_version, "gate_metric": gate, "gate_value": decision.candidate_value}
+
+
+@task(name="promote", cache_policy=NO_CACHE, retries=REGISTRY_RETRIES, retry_delay_seconds=REGISTRY_RETRY_DELAY_S)
+def promote(settings: Settings, version: int) -> dict[str, Any]:
+    """``progress-sql registry promote``: the champion alias to ``version``, no gate."""
+    from progress_sql import tracking
+
+    name = settings.tracking.model_name
+    previous = tracking.promote(name, version, settings)
+    get_run_logger().info("%s: %s → v%d (previous: %s)", name, settings.tracking.champion_alias, version, previous)
+    return {"model": name, "version": version, "previous_champion": previous}
+
+
+# ----------------------------------------------------------------------------- flows
+@flow(name="training-pipeline")
+def training_pipeline(
+    params: str = "params.yaml",
+    overrides: dict[str, Any] = NO_OVERRIDES,
+    run_sft: bool = True,
+    init_tiny_model: bool = True,
+    reports: str = "reports",
+) -> dict[str, Any]:
+    """The whole pipeline: build and validate the corpus, build the tiny policy, SFT warm start,
+    RL, evaluation, registration (the champion alias moves only when ``eval.gate_metric``
+    beats the champion's). Returns the registry decision.
+
+    Args:
+        params: The settings file, relative to the repository root.
+        overrides: Dotted settings keys to override, as JSON, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
+        run_sft: Warm-start with SFT; off: RL starts from rl.init_from as it is.
+        init_tiny_model: Build the tiny CPU policy into model.base_dir; off when sft.init_from / rl.init_from name a real model.
+        reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml.
+    """
+    from progress_sql import tracking
+
+    settings = resolve_settings(params, overrides)
+    report_root = Path(reports)
+    with tracking.pipeline_run(settings, _run_name("pipeline"), tags=run_tags()):
+        corpus = build_data(settings)
+        validate_data(settings, corpus, str(report_root / "data"))
+        if init_tiny_model:
+            init_model(settings, corpus)
+        if run_sft:
+            sft(settings, corpus, str(report_root / "train"))
+        policy = train_rl(settings, corpus, str(report_root / "train"))
+        metrics = evaluate(settings, policy, corpus)
+        version = register_model(settings, policy, metrics)
+        return promote_if_better(settings, version, metrics, str(report_root / "registry.json"))
+
+
+@flow(name="evaluate-model")
+def evaluate_model(
+    model: str = "",
+    splits: list[str] | None = None,
+    params: str = "params.yaml",
+    overrides: dict[str, Any] = NO_OVERRIDES,
+) -> dict[str, float]:
+    """Evaluate a model on corpus splits (``progress-sql eval``); the flat metrics, the tables
+    as the ``evaluation`` artifact.
+
+    Args:
+        model: A policy folder, a hub id or models:/NAME@ALIAS; empty: the champion, models:/<tracking.model_name>@<tracking.champion_alias>.
+        splits: Splits or variants among train, dev, test, syn, realistic, dk; empty: eval.splits.
+        params: The settings file, relative to the repository root.
+        overrides: Dotted settings keys to override, as JSON, e.g. {"eval.vote_k": 0}.
+    """
+    from progress_sql import tracking
+
+    settings = resolve_settings(params, overrides)
+    model = model or f"models:/{settings.tracking.model_name}@{settings.tracking.champion_alias}"
+    with tracking.pipeline_run(settings, _run_name("evaluate"), tags=run_tags()):
+        return evaluate(settings, model, settings.data.out_dir, splits)
+
+
+@flow(name="promote-model")
+def promote_model(version: int, params: str = "params.yaml", overrides: dict[str, Any] = NO_OVERRIDES) -> dict[str, Any]:
+    """Move the champion alias of tracking.model_name to a version by hand, no gate
+    (``progress-sql registry promote``).
+
+    Args:
+        version: The registered version that becomes champion.
+        params: The settings file, relative to the repository root.
+        overrides: Dotted settings keys to override, as JSON, e.g. {"tracking.model_name": "my-policy"}.
+    """
+    return promote(resolve_settings(params, overrides), version)

@@ -1,0 +1,150 @@
+"""Screenshots of the pipeline as a user sees it, taken with headless Chromium.
+
+Starts a throwaway stack (flows/local_stack.py): an MLflow server, a Prefect server and
+``flows/serve.py``; runs the ``training-pipeline`` deployment once with a tiny configuration
+(about a minute on a CPU), then photographs
+
+    prefect-deployments.png   the Prefect UI's deployments page: the three served deployments
+    prefect-custom-run.png    training-pipeline → Run → Custom run: the parameter form
+    prefect-flow-run.png      the finished flow run: its stages (task runs) and state
+    prefect-evaluation.png    the run's ``evaluation`` markdown artifact: the evaluation tables
+    mlflow-model.png          the MLflow UI's registered model: version 1 with the champion alias
+    mlflow-pipeline-run.png   the MLflow pipeline run of that flow run: Prefect tags, stage runs
+
+into docs/screenshots/ (palette PNGs, well under 300 KB each), and stops everything.
+
+    python scripts/screenshots.py [--out docs/screenshots] [--keep-state DIR]
+
+Needs Debian's ``chromium`` (``apt-get install chromium``); nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flows.local_stack import (  # noqa: E402
+    create_flow_run,
+    flow_run_logs,
+    mlflow_server,
+    prefect_server,
+    served_deployments,
+    tiny_overrides,
+    wait_for_flow_run,
+)
+from flows.serve import DEPLOYMENTS  # noqa: E402
+
+WINDOW = "1400,900"
+MODEL = "progress-sql-policy"
+# MLflow 3.17 opens its Assistant side panel on a first visit to a localhost URL; the browser
+# reaches the MLflow server under this name instead (mapped to 127.0.0.1), so a screenshot
+# shows the page itself.
+MLFLOW_HOST = "mlflow.test"
+# Headless and offline: no sandbox (root in a container), no GPU, no background fetches.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--force-device-scale-factor=1",
+                  f"--host-resolver-rules=MAP {MLFLOW_HOST} 127.0.0.1"]
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    sys.exit("error: no chromium on PATH (Debian: apt-get install chromium)")
+
+
+def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = 30000) -> None:
+    """One page at WINDOW size after ``wait_ms`` of virtual time (the UIs are single-page apps
+    that fetch their data after loading), shrunk to a palette PNG."""
+    profile.mkdir(parents=True, exist_ok=True)
+    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={WINDOW}",
+           f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"chromium failed on {url} ({done.returncode}):\n{done.stderr[-2000:]}")
+    _shrink(out)
+    print(f"  {out.name:26s} {out.stat().st_size // 1024:4d} KB  {url}")
+
+
+def _shrink(path: Path) -> None:
+    # UI screenshots have few colours: a 256-colour palette keeps them sharp at a fraction of the size.
+    from PIL import Image
+
+    with Image.open(path) as img:
+        small = img.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Screenshots of the Prefect and MLflow UIs after a tiny pipeline run.")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots", help="where the PNGs go")
+    parser.add_argument("--keep-state", type=Path, default=None,
+                        help="keep the servers' state and the run's files here (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    browser = chromium()
+    args.out.mkdir(parents=True, exist_ok=True)
+    state = args.keep_state or Path(tempfile.mkdtemp(prefix="progress-sql-screens-"))
+    state.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        with mlflow_server(state / "mlflow", hostnames=(MLFLOW_HOST,)) as mlflow_url, \
+                prefect_server(state / "prefect") as stack, \
+                served_deployments(stack, DEPLOYMENTS) as ids:
+            print(f"Prefect {stack.url}, MLflow {mlflow_url}; running training-pipeline ...")
+            overrides = tiny_overrides(state / "work", tracking_uri=mlflow_url)
+            run_id = create_flow_run(stack, ids["training-pipeline"],
+                                     {"params": str(REPO / "params.yaml"), "overrides": overrides,
+                                      "reports": str(state / "work" / "reports")})
+            run = wait_for_flow_run(stack, run_id, timeout_s=600)
+            if run["state"]["type"] != "COMPLETED":
+                sys.exit("the run did not complete:\n" + "\n".join(flow_run_logs(stack, run_id)[-30:]))
+            print(f"run {run['name']} completed in {time.monotonic() - started:.0f} s; screenshots:")
+            artifact = _artifact_id(stack.api, run_id, "evaluation")
+            experiment, pipeline_run = _pipeline_run(mlflow_url, run_id)
+            mlflow_ui = mlflow_url.replace("127.0.0.1", MLFLOW_HOST)
+            profile = state / "chromium-profile"
+            shots = [
+                ("prefect-deployments.png", f"{stack.url}/deployments"),
+                ("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run"),
+                ("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_id}"),
+                ("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
+                ("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}"),
+                ("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_run}"),
+            ]
+            for name, url in shots:
+                screenshot(browser, url, args.out / name, profile)
+    finally:
+        if args.keep_state is None:
+            shutil.rmtree(state, ignore_errors=True)
+    print(f"done in {time.monotonic() - started:.0f} s")
+
+
+def _artifact_id(api: str, flow_run_id: str, key: str) -> str:
+    import httpx
+
+    rows = httpx.post(f"{api}/artifacts/filter", timeout=30,
+                      json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "key": {"any_": [key]}}}).json()
+    return rows[0]["id"]
+
+
+def _pipeline_run(mlflow_url: str, flow_run_id: str) -> tuple[str, str]:
+    """(experiment id, run id) of the MLflow pipeline run tagged with the flow run's id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_url)
+    experiment = client.get_experiment_by_name("progress-sql").experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    return experiment, runs[0].info.run_id
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""``progress-sql eval``: greedy / Vote@k / pass@k (and optionally multi-turn) evaluation of a
+policy on corpus splits and robustness variants (the DVC stage ``evaluate`` runs it). Writes
+metrics.json, report.md, plots/ and predictions/ under ``--out``; inside its MLflow run the
+flat metrics go to the stage run and its pipeline run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from progress_sql import stages
+from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides, stage_or_exit
+
+
+def evaluate(
+    model: str = typer.Option(..., "--model", help="Model folder, hub id, models:/NAME@ALIAS, models:/NAME/N, "
+                                                   "'oracle' (gold SQL) or 'smollm2'"),
+    splits: list[str] = typer.Option([], "--split", help="Split or variant: train, dev, test, syn, realistic, dk "
+                                                         "(repeatable; default: eval.splits)"),
+    out: str = typer.Option(None, "--out", help="Output folder (default: eval.out_dir)"),
+    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars"),
+) -> None:
+    """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
+    from progress_sql.train.policy import PolicyLoadError
+
+    settings = load_or_exit(params, parse_overrides(overrides))
+    out_dir = Path(out or settings.eval.out_dir)
+    with stage_or_exit("evaluate", (PolicyLoadError,)):
+        result = stages.evaluate(settings, model, Path(corpus or settings.data.out_dir), splits, out_dir,
+                                 progress=progress)
+    gate = settings.eval.gate_metric
+    typer.echo(f"evaluated {model} → {out_dir}")
+    for split, modes in result.metrics.items():
+        parts = [f"{mode} EX {m['ex']:.3f}" for mode, m in modes.items()
+                 if isinstance(m, dict) and isinstance(m.get("ex"), (int, float))]
+        typer.echo(f"  {split:9s} " + ", ".join(parts))
+    value = result.gate(gate)
+    typer.echo(f"  gate {gate}: {'not computed' if value is None else f'{value:.4f}'}")
+    for note in result.notes:
+        typer.echo(f"  note: {note}")

@@ -1,0 +1,83 @@
+"""``progress-sql train``: build the tiny policy, SFT warm start, RL (the DVC stages
+``init_model``, ``sft`` and ``train`` run exactly these commands). Each runs inside its nested
+MLflow run; the summary metrics and curves also go to ``--report-dir`` for ``dvc metrics`` and
+``dvc plots``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from progress_sql import stages
+from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides, stage_or_exit
+
+app = typer.Typer(help="Build, warm-start (SFT) and RL-train the policy.", no_args_is_help=True)
+
+PARAMS_HELP = "Settings file (defaults when absent)"
+CORPUS_HELP = "Corpus folder (default: data.out_dir)"
+REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / plots)"
+
+
+def _policy_errors() -> tuple[type[BaseException], ...]:
+    from progress_sql.train.checkpoint import CheckpointError
+    from progress_sql.train.policy import PolicyLoadError
+
+    return (PolicyLoadError, CheckpointError)
+
+
+@app.command("init")
+def init(
+    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
+    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    out: str = typer.Option(None, "--out", help="Model folder (default: model.base_dir)"),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Build the untrained tiny policy: a BPE tokenizer trained on the corpus and a model from model.*."""
+    settings = load_or_exit(params, parse_overrides(overrides))
+    with stage_or_exit("init_model", _policy_errors()):
+        path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out)
+    typer.echo(f"built {path} ({settings.model.arch}, {settings.model.num_layers} layers, "
+               f"hidden {settings.model.hidden_size}, vocabulary {settings.model.vocab_size})")
+
+
+@app.command("sft")
+def sft(
+    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
+    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    out: str = typer.Option(None, "--out", help="Model folder (default: sft.out_dir)"),
+    report_dir: str = typer.Option("reports/train", "--report-dir", help=REPORT_HELP),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+) -> None:
+    """Supervised warm start on the train split (gold SQL in the recipe's tags, revision dialogues)."""
+    settings = load_or_exit(params, parse_overrides(overrides))
+    with stage_or_exit("sft", _policy_errors()):
+        result, _ = stages.sft(settings, Path(corpus or settings.data.out_dir), out=out, report_dir=report_dir,
+                               progress=progress)
+    typer.echo(f"sft: {result.steps} steps in {result.seconds:.0f} s, loss {result.losses[0]:.3f} → "
+               f"{result.final_loss:.3f}{' (stopped by sft.max_minutes)' if result.stopped_early else ''}; "
+               f"saved {result.out_dir}")
+
+
+@app.command("rl")
+def rl(
+    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
+    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    out: str = typer.Option(None, "--out", help="Run folder (default: rl.out_dir); the policy goes to OUT/final"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run folder"),
+    resume_from: Optional[str] = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder"),
+    report_dir: str = typer.Option("reports/train", "--report-dir", help=REPORT_HELP),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+) -> None:
+    """Multi-turn RL (GRPO / GSPO / Dr.GRPO) with the reward recipe and environment of rl.*."""
+    settings = load_or_exit(params, parse_overrides(overrides))
+    start: bool | Path = Path(resume_from) if resume_from else resume
+    with stage_or_exit("train", _policy_errors()):
+        result, summary = stages.train_rl(settings, Path(corpus or settings.data.out_dir), out=out, resume=start,
+                                          report_dir=report_dir, progress=progress)
+    typer.echo(f"rl: {result.steps} steps ({settings.rl.recipe}, {settings.rl.env}, {settings.rl.algorithm}), "
+               f"stopped by {result.stopped_by}; final reward/mean {summary.get('rl/reward_mean', float('nan')):.3f}; "
+               f"policy saved to {result.final_dir}")

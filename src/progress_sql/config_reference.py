@@ -1,0 +1,91 @@
+"""The configuration reference (docs/CONFIG.md), generated from the settings model and the
+comments of params.yaml, so the documentation cannot drift from what is validated:
+``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from progress_sql.config import Settings
+
+_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
+
+
+def params_comments(text: str) -> dict[str, str]:
+    """Dotted key → the inline comment on its line in params.yaml."""
+    comments: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if not match:
+            continue
+        indent = len(match["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match["key"]))
+        rest = match["rest"]
+        # a comment starts at " #" outside quotes (values here hold no '#')
+        if " #" in rest or rest.lstrip().startswith("#"):
+            comment = rest[rest.index("#") + 1 :].strip()
+            comments[".".join(k for _, k in stack)] = comment
+    return comments
+
+
+def _constraints(info: FieldInfo) -> str:
+    parts = []
+    for meta in info.metadata:
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{sign} {value}")
+    return ", ".join(parts)
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "").replace("Literal", "one of ")
+
+
+def _rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    defaults = model()
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        default = getattr(defaults, name)
+        if isinstance(default, BaseModel):
+            yield from _rows(type(default), key + ".")
+            continue
+        yield key, _type_name(info.annotation), repr(default), _constraints(info)
+
+
+def reference_markdown(params_text: str) -> str:
+    """The whole reference page as Markdown."""
+    comments = params_comments(params_text)
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every tunable number of the pipeline, as validated by `progress_sql.config.Settings`",
+        "when params.yaml is loaded (generated: `python -m progress_sql.config_reference > docs/CONFIG.md`).",
+        "Override any key on the command line with `--set key=value`, in DVC with",
+        "`dvc exp run -S key=value`, or in a Prefect run with the `overrides` parameter.",
+        "",
+    ]
+    section = None
+    for key, type_name, default, limits in _rows(Settings):
+        top = key.split(".")[0] if "." in key else "(top level)"
+        if top != section:
+            section = top
+            lines += ["", f"## {section}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        note = comments.get(key, "").replace("|", "\\|")
+        lines.append(f"| `{key}` | {type_name} | `{default}` | {limits} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - the generator entry point
+    root = Path(__file__).resolve().parents[2]
+    sys.stdout.write(reference_markdown((root / "params.yaml").read_text(encoding="utf-8")))

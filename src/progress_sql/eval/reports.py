@@ -1,0 +1,253 @@
+"""Evaluation reports: metrics JSON, Markdown tables shaped like the paper's, CSV rows for
+``dvc plots``, and logging to an active MLflow run.
+
+Tables (progress-sql.md; the paper's numbers did not survive in our copy, its shapes did):
+
+- Table 1, main benchmarks: one row per decoding, EX and TS per split (train/dev/test);
+- Table 2, robustness: the same over the variants (syn / realistic / dk);
+- Table 8, ODT structural-mismatch rates of the greedy predictions (SELECT, JOIN, WHERE,
+  GROUP, Avg. Err.);
+- Table 9, accuracy by the dataset's own difficulty labels (BIRD: simple / moderate /
+  challenging) when the examples carry them; Tables 10-12, by Spider hardness; per split,
+  per decoding, EX and TS;
+
+plus pass@k and the multi-turn protocol. Rates are printed as percentages with one decimal;
+"–" marks a value that was not computed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from progress_sql.config import EvalSettings
+from progress_sql.data.records import SPLITS, VARIANTS
+from progress_sql.sql.hardness import HARDNESS_LEVELS
+
+HARDNESS_COLUMNS = ("group", "split", "decoding", "hardness", "n", "ex", "ts")
+ROBUSTNESS_COLUMNS = ("group", "split", "decoding", "ex", "ts")
+_SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "syn": "Syn", "realistic": "Realistic", "dk": "DK"}
+_NOT_MODES = ("odt_mismatch",)
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+# ----------------------------------------------------------------------------- files
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Pretty JSON (strict: no NaN) written atomically."""
+    write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
+    """CSV with a header; None becomes an empty cell."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: ("" if row.get(c) is None else row.get(c)) for c in columns})
+    write_text(path, buf.getvalue())
+
+
+# ----------------------------------------------------------------------------- naming
+def split_title(name: str) -> str:
+    return _SPLIT_TITLES.get(name, name)
+
+
+def mode_label(key: str) -> str:
+    """``greedy`` → Greedy, ``vote_at_8`` → Vote@8, ``pass_at_8`` → Pass@8, ``multi_turn`` → Multi-turn."""
+    for prefix, label in (("vote_at_", "Vote@"), ("pass_at_", "Pass@")):
+        if key.startswith(prefix):
+            return label + key[len(prefix):]
+    return {"greedy": "Greedy", "multi_turn": "Multi-turn"}.get(key, key)
+
+
+def decoding_modes(split_metrics: dict[str, Any], *, with_pass: bool = False) -> list[str]:
+    """The decoding-mode keys of one split's metrics, in report order."""
+    keys = [k for k, v in split_metrics.items() if isinstance(v, dict) and "ex" in v and k not in _NOT_MODES]
+    if not with_pass:
+        keys = [k for k in keys if not k.startswith("pass_at_")]
+    order = {"greedy": 0, "multi_turn": 3}
+    return sorted(keys, key=lambda k: (order.get(k, 1 if k.startswith("vote_at_") else 2), k))
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- tables
+def _accuracy_table(model: str, metrics: dict[str, Any], splits: Sequence[str]) -> str | None:
+    present = [s for s in splits if s in metrics]
+    if not present:
+        return None
+    with_ts = {s: any((metrics[s][m] or {}).get("ts") is not None for m in decoding_modes(metrics[s])) for s in present}
+    header = ["Model", "Decoding"]
+    for s in present:
+        header += [f"{split_title(s)} EX"] + ([f"{split_title(s)} TS"] if with_ts[s] else [])
+    modes = list(dict.fromkeys(m for s in present for m in decoding_modes(metrics[s])))
+    rows = []
+    for mode in modes:
+        row = [model, mode_label(mode)]
+        for s in present:
+            m = metrics[s].get(mode) or {}
+            row.append(pct(m.get("ex")))
+            if with_ts[s]:
+                row.append(pct(m.get("ts")))
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _mismatch_table(model: str, metrics: dict[str, Any]) -> str | None:
+    rows = []
+    for split, m in metrics.items():
+        odt = m.get("odt_mismatch")
+        if odt:
+            rows.append([model, split_title(split), *(pct(odt[k]) for k in ("select", "join", "where", "group", "avg")),
+                         str(odt["n_profiled"]), pct(odt["parse_error_rate"])])
+    if not rows:
+        return None
+    return _table(["Model", "Split", "SELECT", "JOIN", "WHERE", "GROUP", "Avg. Err.", "Profiled", "Unparsed"], rows)
+
+
+def _breakdown_tables(metrics: dict[str, Any], key: str, labels_of) -> str | None:
+    """Per split: one row per decoding and metric (EX, then TS when computed), one column
+    per label of ``key`` (``by_hardness`` / ``by_difficulty``) with its n, and All."""
+    blocks = []
+    for split, m in metrics.items():
+        modes = [mode for mode in decoding_modes(m) if (m[mode] or {}).get(key)]
+        if not modes:
+            continue
+        groups = m[modes[0]][key]
+        labels = labels_of(groups)
+        header = ["Decoding", "Metric", *(f"{label} (n={groups[label]['n']})" for label in labels), f"All (n={m['n']})"]
+        rows = []
+        for mode in modes:
+            for metric in ("ex", "ts"):
+                if metric == "ts" and m[mode].get("ts") is None:
+                    continue
+                rows.append([mode_label(mode), metric.upper(),
+                             *(pct(m[mode][key].get(label, {}).get(metric)) for label in labels),
+                             pct(m[mode].get(metric))])
+        blocks.append(f"{split_title(split)}:\n\n" + _table(header, rows))
+    return "\n\n".join(blocks) if blocks else None
+
+
+def _pass_table(metrics: dict[str, Any]) -> str | None:
+    rows = []
+    for split, m in metrics.items():
+        for key in (k for k in m if k.startswith("pass_at_")):
+            rows.append([split_title(split), mode_label(key), pct(m[key]["ex"]),
+                         *(pct(m[key]["by_hardness"].get(level, {}).get("ex")) for level in HARDNESS_LEVELS)])
+    if not rows:
+        return None
+    return _table(["Split", "k", "EX", *HARDNESS_LEVELS], rows)
+
+
+def _details_table(metrics: dict[str, Any]) -> str:
+    rows = []
+    for split, m in metrics.items():
+        for mode in decoding_modes(m):
+            d = m[mode]
+            tokens = d.get("mean_response_tokens")
+            extra = ""
+            if mode == "multi_turn":
+                extra = f"turns {d['mean_turns']:.2f}, solution {pct(d['solution_rate'])}%"
+            elif mode.startswith("vote_at_"):
+                extra = f"mean votes {d['mean_votes']:.2f}, all invalid {pct(d['all_invalid_rate'])}%"
+            rows.append([split_title(split), mode_label(mode), str(d["n"]), pct(d["ex"]), pct(d["ts"]), str(d["ts_n"]),
+                         pct(d["exec_rate"]), pct(d["format_rate"]), "–" if tokens is None else f"{tokens:.1f}", extra])
+    return _table(["Split", "Decoding", "n", "EX", "TS", "TS n", "Executable", "Format", "Mean tokens", "Notes"], rows)
+
+
+def _ordered_hardness(groups: dict[str, Any]) -> list[str]:
+    return [level for level in HARDNESS_LEVELS if level in groups] + sorted(set(groups) - set(HARDNESS_LEVELS))
+
+
+def markdown_report(model: str, metrics: dict[str, Any], cfg: EvalSettings, notes: Sequence[str] = ()) -> str:
+    """The Markdown report of one evaluation run."""
+    protocol = ["Single-turn inference, no ODT feedback at test time."]
+    if cfg.greedy:
+        protocol.append("Greedy: temperature 0.")
+    if cfg.vote_k or cfg.pass_k:
+        protocol.append(f"Samples: {max(cfg.vote_k, cfg.pass_k)} per question at temperature {cfg.temperature:g}, "
+                        f"top-p {cfg.top_p:g}" + (f"; Vote@{cfg.vote_k} takes the majority over execution-result "
+                                                  f"classes of the first {cfg.vote_k}." if cfg.vote_k else "."))
+    if cfg.multi_turn:
+        protocol.append("Multi-turn: the SQL-tool protocol (execution feedback only), greedy.")
+    protocol.append("EX and TS in %; TS over the examples whose database has test-suite neighbours.")
+    parts = [f"# Evaluation: {model}", "", " ".join(protocol)]
+    sections = [
+        ("Table 1: main splits (EX / TS)", _accuracy_table(model, metrics, SPLITS)),
+        ("Table 2: robustness variants (EX / TS)", _accuracy_table(model, metrics, VARIANTS)),
+        ("Table 8: ODT structural-mismatch rates, greedy (%; lower is better)", _mismatch_table(model, metrics)),
+        ("Table 9: accuracy by the dataset's difficulty labels (BIRD)", _breakdown_tables(metrics, "by_difficulty", list)),
+        ("Tables 10-12: accuracy by Spider hardness", _breakdown_tables(metrics, "by_hardness", _ordered_hardness)),
+        ("pass@k", _pass_table(metrics)),
+        ("All decoding modes", _details_table(metrics)),
+    ]
+    for title, table in sections:
+        if table:
+            parts += ["", f"## {title}", "", table]
+    if notes:
+        parts += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    return "\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------------------- plot data
+def hardness_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (split, decoding, hardness level with examples): n, EX, TS."""
+    rows = []
+    for split, m in metrics.items():
+        for mode in decoding_modes(m):
+            for level, g in m[mode]["by_hardness"].items():
+                if g["n"]:
+                    rows.append({"group": f"{split} {mode_label(mode)} {level}", "split": split,
+                                 "decoding": mode_label(mode), "hardness": level, "n": g["n"], "ex": g["ex"],
+                                 "ts": g["ts"]})
+    return rows
+
+
+def robustness_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (split, decoding): EX, TS."""
+    return [
+        {"group": f"{split} {mode_label(mode)}", "split": split, "decoding": mode_label(mode),
+         "ex": m[mode]["ex"], "ts": m[mode]["ts"]}
+        for split, m in metrics.items() for mode in decoding_modes(m)
+    ]
+
+
+# ----------------------------------------------------------------------------- MLflow
+def mlflow_key(name: str) -> str:
+    """``name`` with the characters MLflow refuses in metric names replaced by '_'."""
+    return _MLFLOW_BAD.sub("_", name)
+
+
+def log_to_mlflow(flat: dict[str, float], files: Iterable[Path], artifact_path: str = "eval") -> bool:
+    """Log ``flat`` metrics and ``files`` to the active MLflow run; False (and nothing done)
+    when no run is active. A run can only be active when the caller imported mlflow, so
+    mlflow (seconds to import) is never imported here."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
+        return False
+    mlflow.log_metrics({mlflow_key(k): v for k, v in flat.items()})
+    for path in files:
+        mlflow.log_artifact(str(path), artifact_path=artifact_path)
+    return True

@@ -1,0 +1,111 @@
+"""Vote@k and pass@k over sampled candidates: pure functions of execution results (no torch).
+
+Vote@k (self-consistency, as OmniSQL's ``major_voting``): the k candidates of one question are
+grouped into classes of equivalent execution results; the largest class wins and its first
+candidate is the answer. Our rules, and how they relate to OmniSQL's:
+
+- Equivalence: two results are equal when ``rows_equivalent`` holds with the gold's
+  ``order_matters``, i.e. exactly when EX would judge one against the other (same rows up to a
+  column permutation, as bags, or as lists when the gold is ordered). OmniSQL keys a dict on
+  ``frozenset(rows)`` instead, which merges results that differ only in duplicate rows and
+  separates results that differ only in column order; ours groups what the metric cannot tell
+  apart. The relation is an equivalence (a column permutation composes), so comparing each
+  candidate with the first member of each class is exact.
+- Invalid candidates (no SQL extracted, an execution error, or a result cut at
+  ``sandbox.max_rows``, which cannot be compared) never vote. An empty result is a valid answer
+  and votes like any other, as in OmniSQL.
+- Ties between classes of equal size go to the class whose first member came first; the answer
+  is that first member. OmniSQL's ``max`` over an insertion-ordered dict does the same.
+- All candidates invalid: OmniSQL returns ``random.choice`` of them (seeded); we return the
+  first. The candidates are i.i.d. samples, so the first is distributed exactly like a random
+  pick, and the result stays a deterministic function of the samples.
+
+pass@k: some candidate among k is correct. With n > k samples of which c are correct, the
+unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al., 2021) is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+from typing import Sequence
+
+from progress_sql.sql.equivalence import rows_equivalent
+from progress_sql.sql.result import ExecResult
+
+
+@dataclass(frozen=True)
+class VoteOutcome:
+    """``winner``: index of the chosen candidate; ``classes``: candidate indices per class of
+    equivalent results, in order of first appearance; ``votes``: the winning class's size
+    (0 when every candidate was invalid); ``valid``: how many candidates voted."""
+
+    winner: int
+    classes: tuple[tuple[int, ...], ...]
+    votes: int
+    valid: int
+
+    @property
+    def all_invalid(self) -> bool:
+        return self.valid == 0
+
+
+def is_valid(result: ExecResult | None) -> bool:
+    """A candidate votes when its SQL executed without error and its rows were not cut."""
+    return result is not None and result.ok and not result.truncated
+
+
+def _signature(rows: tuple[tuple, ...]) -> tuple[int, int]:
+    # Cheap necessary condition for equivalence: row count and width.
+    return len(rows), (len(rows[0]) if rows else 0)
+
+
+def equivalence_classes(results: Sequence[ExecResult | None], order_matters: bool) -> list[list[int]]:
+    """Indices of the valid ``results`` grouped by equivalent rows, classes and members in
+    order of first appearance."""
+    classes: list[list[int]] = []
+    for i, result in enumerate(results):
+        if not is_valid(result):
+            continue
+        assert result is not None
+        sig = _signature(result.rows)
+        for members in classes:
+            rep = results[members[0]]
+            assert rep is not None
+            if _signature(rep.rows) == sig and rows_equivalent(result.rows, rep.rows, order_matters):
+                members.append(i)
+                break
+        else:
+            classes.append([i])
+    return classes
+
+
+def vote(results: Sequence[ExecResult | None], order_matters: bool) -> VoteOutcome:
+    """Majority vote over the execution results of one question's candidates.
+
+    ``results[i]`` is candidate i's execution (None when it had no SQL); ``order_matters`` is
+    the gold's (``progress_sql.sql.order_matters``). Raises ValueError for no candidates.
+    """
+    if not results:
+        raise ValueError("vote needs at least one candidate")
+    classes = equivalence_classes(results, order_matters)
+    if not classes:
+        return VoteOutcome(winner=0, classes=(), votes=0, valid=0)
+    best = max(classes, key=len)  # max keeps the first of equal sizes: earliest class wins
+    return VoteOutcome(
+        winner=best[0],
+        classes=tuple(tuple(c) for c in classes),
+        votes=len(best),
+        valid=sum(len(c) for c in classes),
+    )
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct (needs n >= k >= 1)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"the number correct must be in [0, n], got c={c}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)

@@ -1,0 +1,145 @@
+"""The pipeline's stages, each in one place: the package call, its nested MLflow run
+(``tracking.stage_run``, named as in dvc.yaml), the report files and what goes to MLflow.
+
+Two thin callers run them: the CLI commands (``progress-sql data|train|eval|registry``, which
+the DVC stages run) and the Prefect tasks of flows/pipeline.py. Callers parse their arguments,
+call a stage and print or log its summary; how a failure ends (an exit code, a failed task) is
+theirs. A stage that raises leaves its MLflow run marked FAILED.
+
+Heavy modules (torch, MLflow, Great Expectations) are imported inside the functions: the CLI
+imports this module for every command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from progress_sql.config import Settings
+    from progress_sql.data.validation import ValidationReport
+    from progress_sql.eval.runner import EvalResult
+    from progress_sql.tracking import PromotionDecision
+    from progress_sql.train.sft import SFTResult
+    from progress_sql.train.trainer import RLResult
+
+
+def build_data(settings: Settings, out: str | Path | None = None, *, progress: bool = True) -> dict[str, Any]:
+    """``build_data``: the bundled corpus into ``out`` (default ``data.out_dir``); its manifest.
+    Deterministic and fingerprinted by its manifest, so it is not an MLflow run."""
+    from progress_sql.data.build import build_corpus
+
+    return build_corpus(settings, Path(out or settings.data.out_dir), progress=progress)
+
+
+def validate_data(settings: Settings, corpus_dir: str | Path, report_dir: str | Path) -> ValidationReport:
+    """``validate_data``: the Great Expectations suite over the corpus; validation.json/.md go
+    to ``report_dir`` and, inside the stage's MLflow run, to its artifacts. The verdict is
+    the caller's to act on (``report.success``)."""
+    from progress_sql.data.validation import validate_corpus
+
+    if not settings.tracking.enabled:  # MLflow is an optional extra: not even imported then
+        return validate_corpus(Path(corpus_dir), settings, Path(report_dir))
+    from progress_sql import tracking
+
+    with tracking.stage_run("validate_data", settings, corpus_dir=str(corpus_dir)):
+        report = validate_corpus(Path(corpus_dir), settings, Path(report_dir))
+        tracking.log_artifacts(report_dir)
+    return report
+
+
+def init_model(settings: Settings, corpus_dir: str | Path, out: str | Path | None = None) -> Path:
+    """``init_model``: the untrained tiny policy (a BPE tokenizer trained on the corpus, a
+    model from ``model.*``) in ``out`` (default ``model.base_dir``); its folder."""
+    from progress_sql import tracking
+    from progress_sql.train.tiny import build_tiny_model
+
+    with tracking.stage_run("init_model", settings, corpus_dir=str(corpus_dir)):
+        path = build_tiny_model(corpus_dir, settings, out)
+        tracking.log_artifacts(path / "tiny_model.json")
+    return path
+
+
+def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = None, report_dir: str | Path,
+        progress: bool = True) -> tuple[SFTResult, dict[str, float]]:
+    """``sft``: the warm start from ``sft.init_from`` into ``out`` (default ``sft.out_dir``);
+    sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow.
+    The result and its summary metrics."""
+    from progress_sql import tracking
+    from progress_sql.tracking.stage_reports import sft_reports
+    from progress_sql.train.sft import METRICS_FILE, run_sft
+
+    with tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir)):
+        result = run_sft(settings, corpus_dir, out_dir=out, progress=progress)
+        summary = sft_reports(result, Path(report_dir))
+        for step, loss in enumerate(result.losses, start=1):
+            tracking.log_step_metrics({"sft/loss": loss}, step)
+        tracking.log_metrics(summary)
+        tracking.log_artifacts(Path(result.out_dir) / METRICS_FILE)
+    return result, summary
+
+
+def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = None,
+             resume: bool | str | Path = False, report_dir: str | Path, progress: bool = True,
+             on_step: Callable[[int, dict[str, Any]], None] | None = None) -> tuple[RLResult, dict[str, float]]:
+    """``train``: RL from ``rl.init_from`` into ``out`` (default ``rl.out_dir``; the policy goes
+    to OUT/final), resumed from the newest checkpoint (``resume=True``) or a checkpoint folder.
+    Each step's metrics go to MLflow as ``rl/<key>``, then to ``on_step`` when given; rl.json
+    and rl_curve.csv go to ``report_dir``. The result and its summary metrics."""
+    from progress_sql import tracking
+    from progress_sql.tracking.stage_reports import rl_reports
+    from progress_sql.train.trainer import run_rl
+
+    def log_step(step: int, metrics: dict[str, Any]) -> None:
+        tracking.log_step_metrics({f"rl/{k}": v for k, v in metrics.items() if k != "step"}, step)
+        if on_step is not None:
+            on_step(step, metrics)
+
+    with tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)):
+        result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step)
+        summary = rl_reports(result, Path(report_dir))
+        tracking.log_metrics(summary)
+        tracking.log_artifacts(Path(result.out_dir) / "metrics.jsonl")
+    return result, summary
+
+
+def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Sequence[str] | None,
+             out_dir: str | Path, *, progress: bool = True) -> EvalResult:
+    """``evaluate``: ``model`` (a folder, a hub id, ``models:/NAME@ALIAS``, ``oracle``, ...) on
+    ``splits`` (empty: ``eval.splits``); the files go to ``out_dir``, the flat metrics to the
+    stage run and its pipeline run."""
+    from progress_sql import tracking
+    from progress_sql.eval.runner import run_eval
+
+    with tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)):
+        local = str(tracking.local_model_dir(model, settings)) if tracking.is_registry_uri(model) else model
+        tracking.log_params({"eval.model": model})
+        result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)
+        tracking.log_pipeline_metrics(result.flat)  # run_eval logged them on the stage run
+    return result
+
+
+def register(settings: Settings, model_dir: str | Path, metrics: Mapping[str, float], *,
+             name: str | None = None) -> int:
+    """``register`` (first half): log the policy folder with ``metrics`` (the evaluation's,
+    flat) in the stage's run and register it as a version of ``name`` (default
+    ``tracking.model_name``); the version number."""
+    from progress_sql import tracking
+
+    with tracking.stage_run("register", settings):
+        return tracking.register_model(model_dir, name or settings.tracking.model_name, settings=settings,
+                                       metrics=metrics)
+
+
+def gate(settings: Settings, name: str, version: int, metrics: Mapping[str, float],
+         report: str | Path | None = None) -> PromotionDecision:
+    """``register`` (second half): the champion alias moves to ``version`` only when its
+    ``eval.gate_metric`` in ``metrics`` (or on its run) beats the champion's; the decision
+    is written to ``report`` (reports/registry.json) when given."""
+    from progress_sql import tracking
+
+    gate_metric = settings.eval.gate_metric
+    decision = tracking.promote_if_better(name, version, gate_metric, metrics.get(gate_metric), settings)
+    if report:
+        tracking.write_registry_report(report, name, version, decision)
+    return decision

@@ -1,0 +1,74 @@
+"""MLflow tracking and the model registry of the pipeline.
+
+>>> from progress_sql import tracking
+>>> with tracking.pipeline_run(settings, "nightly"):              # doctest: +SKIP
+...     with tracking.stage_run("train", settings):
+...         tracking.log_step_metrics({"reward/mean": 0.4}, step=3)
+>>> v = tracking.register_model("outputs/rl/final", settings=settings)   # doctest: +SKIP
+>>> tracking.promote_if_better(name, v, "dev/greedy/ex", 0.41, settings)  # doctest: +SKIP
+
+- ``mlflow_runs``: tracking URI, parent and nested runs, params, metrics, artifacts;
+- ``registry``: log + register a policy, the champion gate, manual promotion, listing,
+  resolving ``models:/name@alias`` to a local policy folder;
+- ``served_model``: the pyfunc every version is logged as, and ``ask``;
+- ``model_card``: the card logged with each version;
+- ``stage_reports``: the small JSON/CSV files the DVC stages declare as metrics and plots.
+
+The task modules never import this package; it imports mlflow (a few seconds).
+"""
+
+from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet environment
+    PARENT_ENV,
+    TrackingError,
+    active_run_id,
+    configure,
+    data_version,
+    flatten,
+    log_artifacts,
+    log_metrics,
+    log_params,
+    log_pipeline_metrics,
+    log_step_metrics,
+    pipeline_run,
+    settings_params,
+    stage_run,
+    tracking_uri,
+)
+from progress_sql.tracking.registry import (
+    PromotionDecision,
+    VersionRow,
+    is_registry_uri,
+    local_model_dir,
+    promote,
+    promote_if_better,
+    register_model,
+    show,
+    write_registry_report,
+)
+
+__all__ = [
+    "PARENT_ENV",
+    "PromotionDecision",
+    "TrackingError",
+    "VersionRow",
+    "active_run_id",
+    "configure",
+    "data_version",
+    "flatten",
+    "is_registry_uri",
+    "local_model_dir",
+    "log_artifacts",
+    "log_metrics",
+    "log_params",
+    "log_pipeline_metrics",
+    "log_step_metrics",
+    "pipeline_run",
+    "promote",
+    "promote_if_better",
+    "register_model",
+    "settings_params",
+    "show",
+    "stage_run",
+    "tracking_uri",
+    "write_registry_report",
+]

@@ -1,0 +1,301 @@
+"""MLflow runs of the pipeline: one experiment, a parent run per pipeline run, a nested run
+per stage, params (flattened settings and the data version), step metrics and artifacts.
+
+Where a stage's run nests, in order:
+
+1. the active run of this thread (a Prefect flow or a script inside ``pipeline_run``);
+2. the run named by ``PROGRESS_SQL_PARENT_RUN_ID`` (``pipeline_run`` sets it, so CLI
+   subprocesses and worker threads, which do not share MLflow's thread-local active run,
+   nest under the same parent);
+3. otherwise (a DVC stage, a CLI call by hand) a parent found or created by key: the DVC
+   experiment name under ``dvc exp run`` (one parent per experiment), else a hash of the
+   settings (one parent per configuration). Such a parent is marked finished at once; its
+   stages keep arriving as children.
+
+Every ``log_*`` function is a no-op without an active run, so package code may call them
+whether or not tracking is on. The tracking URI is ``MLFLOW_TRACKING_URI`` when set, else
+``tracking.tracking_uri``, else a SQLite file ``mlruns/mlflow.db`` under the DVC root (or the
+working directory); local experiments keep their artifacts beside that database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from progress_sql.config import Settings
+from progress_sql.eval.reports import mlflow_key
+
+# Quiet and offline before mlflow is imported: no telemetry, no progress bars on downloads.
+for _key, _value in (("MLFLOW_DISABLE_TELEMETRY", "true"), ("DO_NOT_TRACK", "true"),
+                     ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):
+    os.environ.setdefault(_key, _value)
+
+import mlflow  # noqa: E402
+from mlflow.entities import Run, RunStatus  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+PARENT_ENV = "PROGRESS_SQL_PARENT_RUN_ID"
+KIND_TAG = "progress_sql.kind"  # "pipeline" or "stage"
+STAGE_TAG = "progress_sql.stage"
+KEY_TAG = "progress_sql.pipeline_key"
+DATA_VERSION = "data_version"  # param on runs that saw a corpus (tag on a parent that learns it later)
+
+_configured: dict[str, str] = {}  # tracking URI → experiment id, per process
+
+
+class TrackingError(RuntimeError):
+    """MLflow cannot do what was asked (unreachable server, unknown model or version, ...)."""
+
+
+_uri_set_here: str | None = None  # the URI configure() last gave mlflow.set_tracking_uri
+_user_env_uri: str | None = None  # MLFLOW_TRACKING_URI as set outside this module
+
+
+def tracking_uri(settings: Settings) -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else ``tracking.tracking_uri``, else
+    ``sqlite:///<root>/mlruns/mlflow.db`` with root = ``$DVC_ROOT`` (set for DVC stages, the
+    main repository even for queued experiments) or the working directory."""
+    global _user_env_uri
+    env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    # mlflow.set_tracking_uri writes this variable too: only a value that this module did not
+    # set itself is the user's choice (else the first store configured would stick forever).
+    if env and env != _uri_set_here:
+        _user_env_uri = env
+    if env and env == _user_env_uri:
+        return env
+    if settings.tracking.tracking_uri:
+        return settings.tracking.tracking_uri
+    root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+    return f"sqlite:///{(root / 'mlruns' / 'mlflow.db').resolve()}"
+
+
+def _local_artifact_root(uri: str) -> str | None:
+    """Artifacts of a local SQLite store live beside the database (MLflow's own default is
+    ``./mlruns`` under whatever the working directory happens to be)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///"):])
+    return (db.parent / "artifacts").resolve().as_uri()
+
+
+def configure(settings: Settings) -> str:
+    """Point MLflow at the tracking store and the experiment of ``settings``; the experiment
+    id. A local SQLite store (and its folder) is created on first use (a few seconds)."""
+    uri = tracking_uri(settings)
+    name = settings.tracking.experiment
+    global _uri_set_here
+    mlflow.set_tracking_uri(uri)
+    _uri_set_here = uri
+    cache_key = f"{uri}\n{name}"
+    if cache_key in _configured:
+        mlflow.set_experiment(experiment_id=_configured[cache_key])
+        return _configured[cache_key]
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(uri)
+    try:
+        experiment = client.get_experiment_by_name(name)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else client.create_experiment(name, artifact_location=_local_artifact_root(uri)))
+    except mlflow.exceptions.MlflowException as err:
+        raise TrackingError(f"MLflow tracking store {uri} is not usable: {err}") from err
+    mlflow.set_experiment(experiment_id=experiment_id)
+    _configured[cache_key] = experiment_id
+    return experiment_id
+
+
+# ----------------------------------------------------------------------------- params and keys
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": "1"}``: nested settings as MLflow params (lists as JSON)."""
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        elif isinstance(value, (list, tuple)):
+            out[dotted] = json.dumps(list(value))
+        else:
+            out[dotted] = str(value)
+    return out
+
+
+def settings_params(settings: Settings) -> dict[str, str]:
+    """The flattened settings (params.yaml as loaded, overrides applied)."""
+    return flatten(settings.model_dump(mode="json"))
+
+
+def data_version(corpus_dir: str | os.PathLike) -> str | None:
+    """A short content hash of a built corpus (its manifest.json holds every file's sha256);
+    None when the corpus is not built."""
+    manifest = Path(corpus_dir) / "manifest.json"
+    if not manifest.is_file():
+        return None
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isinf(value)):
+            out[mlflow_key(str(key))] = float(value)
+    return out
+
+
+# ----------------------------------------------------------------------------- runs
+def _pipeline_key(settings: Settings) -> tuple[str, str]:
+    """(key, run name) of the parent a standalone stage joins."""
+    exp_name = os.environ.get("DVC_EXP_NAME")
+    if exp_name:
+        baseline = os.environ.get("DVC_EXP_BASELINE_REV", "")[:7]
+        return f"dvc-exp:{exp_name}:{baseline}", f"dvc-exp-{exp_name}"
+    digest = hashlib.sha256(json.dumps(settings_params(settings), sort_keys=True).encode()).hexdigest()[:12]
+    return f"params:{digest}", f"pipeline-{digest}"
+
+
+def _standalone_parent(settings: Settings, experiment_id: str, corpus_dir: str | None) -> str:
+    client = MlflowClient()
+    key, run_name = _pipeline_key(settings)
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=run_name, tags={KIND_TAG: "pipeline", KEY_TAG: key})
+    _log_params_with(client, run.info.run_id, settings, corpus_dir)
+    client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
+
+
+def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corpus_dir: str | None) -> None:
+    params = settings_params(settings)
+    version = data_version(corpus_dir or settings.data.out_dir)
+    if version:
+        params[DATA_VERSION] = version
+    items = list(params.items())
+    for start in range(0, len(items), 100):  # MLflow's batch limit is 100 params
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in items[start:start + 100]])
+
+
+@contextmanager
+def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = None,
+                 tags: Mapping[str, str] | None = None) -> Iterator[Run | None]:
+    """The parent run of one pipeline run: logs the flattened settings and the data version
+    (when the corpus is built); stages started inside nest under it, in this thread through
+    MLflow's active run, elsewhere through ``PROGRESS_SQL_PARENT_RUN_ID``. Yields None (and
+    logs nothing) when ``tracking.enabled`` is false."""
+    if not settings.tracking.enabled:
+        yield None
+        return
+    configure(settings)
+    all_tags = {KIND_TAG: "pipeline", **(tags or {})}
+    previous = os.environ.get(PARENT_ENV)
+    with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
+        _log_params_with(MlflowClient(), run.info.run_id, settings, corpus_dir)
+        os.environ[PARENT_ENV] = run.info.run_id
+        try:
+            yield run
+        finally:
+            if previous is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = previous
+
+
+@contextmanager
+def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | None = None) -> Iterator[Run | None]:
+    """A nested run for one stage (see the module docstring for where it nests). Logs the
+    stage's data version when the corpus is built. Yields None when tracking is off; a stage
+    that raises leaves its run marked FAILED."""
+    if settings is not None and not settings.tracking.enabled:
+        yield None
+        return
+    if settings is not None:
+        experiment_id = configure(settings)
+    elif mlflow.active_run() is None and not os.environ.get(PARENT_ENV):
+        raise TrackingError("stage_run needs settings when no pipeline run is active")
+    else:
+        experiment_id = None
+    tags = {KIND_TAG: "stage", STAGE_TAG: name}
+    active = mlflow.active_run()
+    if active is not None:
+        kwargs: dict[str, Any] = {"nested": True}
+    else:
+        parent = os.environ.get(PARENT_ENV) or _standalone_parent(settings, experiment_id, corpus_dir)
+        kwargs = {"parent_run_id": parent}
+    with mlflow.start_run(run_name=name, tags=tags, **kwargs) as run:
+        version = data_version(corpus_dir or (settings.data.out_dir if settings else ""))
+        if version:
+            mlflow.log_param(DATA_VERSION, version)
+            MlflowClient().set_tag(_parent_id(run), DATA_VERSION, version)
+        yield run
+
+
+def _parent_id(run: Run) -> str:
+    """The run's parent id (itself for a top-level run); the tags of an ActiveRun are those it
+    was created with, which include the parent link."""
+    return run.data.tags.get("mlflow.parentRunId", run.info.run_id)
+
+
+def active_run_id() -> str | None:
+    """The id of this thread's active run, or None."""
+    run = mlflow.active_run()
+    return run.info.run_id if run else None
+
+
+# ----------------------------------------------------------------------------- logging
+def log_step_metrics(metrics: Mapping[str, Any], step: int) -> None:
+    """Numeric entries of ``metrics`` at ``step`` on the active run (others are skipped)."""
+    if mlflow.active_run() is None:
+        return
+    values = _numeric(metrics)
+    if values:
+        mlflow.log_metrics(values, step=int(step))
+
+
+def log_metrics(metrics: Mapping[str, Any], *, to_parent: bool = True) -> None:
+    """Summary metrics on the active run and, with ``to_parent``, on its pipeline run too, so
+    pipeline runs expose the same keys and compare side by side in the experiment table."""
+    if mlflow.active_run() is None:
+        return
+    values = _numeric(metrics)
+    if values:
+        mlflow.log_metrics(values)
+    if to_parent:
+        log_pipeline_metrics(metrics)
+
+
+def log_pipeline_metrics(metrics: Mapping[str, Any]) -> None:
+    """Summary metrics on the pipeline (parent) run of the active stage run only (for metrics
+    the stage's code has logged on the stage run itself already)."""
+    run = mlflow.active_run()
+    if run is None or _parent_id(run) == run.info.run_id:
+        return
+    values = _numeric(metrics)
+    if values:
+        now = int(time.time() * 1000)
+        MlflowClient().log_batch(_parent_id(run), metrics=[mlflow.entities.Metric(k, v, now, 0) for k, v in values.items()])
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    """Params on the active run (values as strings)."""
+    if mlflow.active_run() is not None and params:
+        mlflow.log_params({mlflow_key(str(k)): str(v) for k, v in params.items()})
+
+
+def log_artifacts(path: str | os.PathLike, artifact_path: str | None = None) -> None:
+    """A file or a folder as artifacts of the active run; a missing path is skipped."""
+    path = Path(path)
+    if mlflow.active_run() is None or not path.exists():
+        return
+    if path.is_dir():
+        mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+    else:
+        mlflow.log_artifact(str(path), artifact_path=artifact_path)

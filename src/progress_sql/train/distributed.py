@@ -1,0 +1,273 @@
+"""Training engines: DeepSpeed (ZeRO-2/3 from ``configs/deepspeed``) or plain torch, behind
+one small interface so the RL loop has a single code path.
+
+    engine = make_engine(model, settings.rl, use_deepspeed=..., total_updates=..., grad_accum=...)
+    out = engine(input_ids=..., attention_mask=...)      # forward (bf16 autocast for plain on GPU)
+    engine.backward(loss)                                 # loss already scaled to its batch share
+    stepped = engine.step()                               # optimizer + schedule at the boundary
+    engine.save(path) / engine.load(path)                 # model, optimizer, scheduler
+    with engine.gathered(): ...                           # full weights (ZeRO-3) for generation
+
+DeepSpeed on CPU (CI): ``DS_ACCELERATOR=cpu``, one process with RANK/WORLD_SIZE/MASTER_* set
+here, gloo. A single CPU process has no peer to share memory with, so DeepSpeed's
+shared-memory all-reduce op (a C++ build of ~35 s on first use) is switched off there; with
+several processes it is built once into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/progress_sql/torch_extensions``). Multi-GPU runs come from the ``deepspeed``
+launcher, which sets the same variables (docs/multi_gpu.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from progress_sql.config import RLSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()
+
+
+def use_deepspeed(mode: str) -> bool:
+    """``always``/``never``; ``auto``: DeepSpeed when a GPU is present, plain torch on CPU."""
+    if mode not in ("auto", "always", "never"):
+        raise ValueError(f"rl.deepspeed must be auto, always or never, got {mode!r}")
+    return mode == "always" or (mode == "auto" and torch.cuda.is_available())
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def prepare_environment(deepspeed: bool) -> None:
+    """Process-group variables for a single process (the launcher sets them for many) and, on
+    CPU, DeepSpeed's CPU accelerator. Existing values are kept."""
+    if not deepspeed:
+        return
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """``rl.deepspeed_config`` as given, or relative to the repository root."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if not p.is_absolute() and (REPO_ROOT / p).is_file():
+        return REPO_ROOT / p
+    raise FileNotFoundError(f"DeepSpeed config {path} not found (rl.deepspeed_config)")
+
+
+def deepspeed_config(rl: RLSettings, *, grad_accum: int, world: int, bf16: bool) -> dict[str, Any]:
+    """The JSON config of ``rl.deepspeed_config`` with the run's batch sizes, clipping and bf16."""
+    path = resolve_config_path(rl.deepspeed_config)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    config["train_micro_batch_size_per_gpu"] = rl.micro_batch_size
+    config["gradient_accumulation_steps"] = grad_accum
+    config["train_batch_size"] = rl.micro_batch_size * grad_accum * world
+    config["gradient_clipping"] = rl.grad_clip
+    config["bf16"] = {**config.get("bf16", {}), "enabled": bf16}
+    config.pop("fp16", None)
+    if "auto" in json.dumps(config):
+        raise ValueError(f"{path}: 'auto' values are Accelerate/TRL conventions; give concrete values")
+    return config
+
+
+def lr_lambda(rl: RLSettings, total_updates: int) -> Callable[[int], float]:
+    """LR multiplier per optimizer update: linear warmup over ``rl.warmup_steps`` updates, then
+    ``rl.schedule`` (constant, or linear / cosine decay to 0 at ``total_updates``)."""
+    warmup, total = rl.warmup_steps, max(1, total_updates)
+
+    def factor(update: int) -> float:
+        if warmup and update < warmup:
+            return (update + 1) / (warmup + 1)
+        if rl.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (update - warmup) / max(1, total - warmup))
+        return 1.0 - progress if rl.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+# ----------------------------------------------------------------------------- engines
+class TorchEngine:
+    """Plain torch: AdamW, gradient accumulation over ``grad_accum`` micro-batches, clipping."""
+
+    kind = "torch"
+    zero_stage = 0
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float, grad_accum: int,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.grad_clip, self.grad_accum, self.autocast_dtype = grad_clip, grad_accum, autocast_dtype
+        self.micro_steps = 0
+        self.grad_norm = 0.0
+
+    def __call__(self, **inputs: Any) -> Any:
+        if self.autocast_dtype is None:
+            return self.module(**inputs)
+        with torch.autocast(self.module.device.type, dtype=self.autocast_dtype):
+            return self.module(**inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> bool:
+        """Count a micro-batch; at the accumulation boundary clip, step and schedule."""
+        self.micro_steps += 1
+        if self.micro_steps % self.grad_accum:
+            return False
+        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "micro_steps": self.micro_steps},
+                   path / "engine.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "engine.pt", map_location="cpu", weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.micro_steps = int(state["micro_steps"])
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def save_pretrained(self, out_dir: Path, tokenizer: Any) -> None:
+        self.module.save_pretrained(str(out_dir))
+        tokenizer.save_pretrained(str(out_dir))
+
+
+class DeepSpeedEngine:
+    """A ``deepspeed.initialize`` engine behind the TorchEngine interface."""
+
+    kind = "deepspeed"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.module = engine.module
+        self.zero_stage = int(engine.zero_optimization_stage())
+        self.grad_norm = 0.0
+
+    def __call__(self, **inputs: Any) -> Any:
+        return self.engine(**inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The loss is already this micro-batch's share of the batch loss: no 1/GAS scaling.
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> bool:
+        boundary = bool(self.engine.is_gradient_accumulation_boundary())
+        self.engine.step()
+        if boundary:
+            norm = self.engine.get_global_grad_norm()
+            self.grad_norm = float(norm) if norm is not None else 0.0
+        return boundary
+
+    @property
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
+
+    def load(self, path: Path) -> None:
+        loaded, _ = self.engine.load_checkpoint(str(path.parent), tag=path.name)
+        if loaded is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {path}")
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """Under ZeRO-3, the full parameters for the duration (generation, saving)."""
+        if self.zero_stage < 3:
+            return contextlib.nullcontext()
+        import deepspeed  # noqa: PLC0415
+
+        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+
+    def save_pretrained(self, out_dir: Path, tokenizer: Any) -> None:
+        with self.gathered():  # ZeRO-3: the full weights are in place while this runs
+            if rank() == 0:
+                self.module.save_pretrained(str(out_dir))
+                tokenizer.save_pretrained(str(out_dir))
+
+
+Engine = TorchEngine | DeepSpeedEngine
+
+
+@contextlib.contextmanager
+def _no_shm_comm_op() -> Iterator[None]:
+    # One CPU process has no peer for DeepSpeed's shared-memory all-reduce; building that op
+    # costs ~35 s of C++ compilation on first use, so it is not offered to the comm backend.
+    import deepspeed  # noqa: PLC0415
+
+    ops = getattr(deepspeed.ops, "__compatible_ops__", None)
+    name = "deepspeed_shm_comm"
+    if not isinstance(ops, dict) or name not in ops or world_size() > 1 or torch.cuda.is_available():
+        yield
+        return
+    before = ops[name]
+    ops[name] = False
+    try:
+        yield
+    finally:
+        ops[name] = before
+
+
+def make_engine(
+    model: torch.nn.Module, rl: RLSettings, *, deepspeed: bool, total_updates: int, grad_accum: int
+) -> Engine:
+    """AdamW (lr, weight decay of ``rl``) with the ``lr_lambda`` schedule, in a DeepSpeed engine
+    (config from ``rl.deepspeed_config``; bf16 on GPU) or a plain TorchEngine."""
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=rl.lr, weight_decay=rl.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(rl, total_updates))
+    on_gpu = torch.cuda.is_available()
+    bf16 = on_gpu and torch.cuda.is_bf16_supported()
+    if not deepspeed:
+        return TorchEngine(model, optimizer, scheduler, rl.grad_clip, grad_accum,
+                           autocast_dtype=torch.bfloat16 if bf16 else None)
+    prepare_environment(True)
+    import deepspeed as ds  # noqa: PLC0415 - heavy import, only for DeepSpeed runs
+
+    config = deepspeed_config(rl, grad_accum=grad_accum, world=world_size(), bf16=bf16)
+    with _no_shm_comm_op():
+        if not torch.distributed.is_initialized():
+            ds.init_distributed(dist_backend=None if on_gpu else "gloo")
+        engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+    return DeepSpeedEngine(engine)

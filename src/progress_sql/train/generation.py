@@ -1,0 +1,492 @@
+"""Generation backends: sample continuations of tokenised prompts and keep the sampled ids.
+
+Training uses the ids a backend sampled, never a re-tokenisation of its text, so every
+``Sample`` carries ``token_ids`` (up to and including the token that ended it) and
+``logprobs``: per sampled token, the log-softmax of the model's raw logits (temperature 1, no
+top-p), i.e. the log-probability the trainer's forward pass on prompt + ``token_ids``
+computes for the same tokens. ``text`` is ``token_ids`` decoded (a trailing eos token left
+out); it is what the rollout environments read (``Sample`` is a policy output with ``.text``).
+
+Backends:
+
+- ``TransformersBackend``: batched, left-padded, KV-cached sampling loop written here (so that
+  the logprobs are the raw ones and stop strings end each sequence exactly): a prompt's n
+  samples share one prefill; finished sequences leave the batch; each sequence has its own
+  random generator, so a seeded call gives the same samples whatever the batch composition.
+- ``VLLMBackend``: vLLM (optional extra ``vllm``, CUDA only), imported when constructed;
+  weights synced from the training model after each update the way TRL 1.16 does it.
+
+A stop string ends a sequence at the token that completes it; that token is kept, so
+``text`` may run a few characters past the stop string when a token spans its end (never with
+the tiny tokenizer, whose tags are single tokens). The eos tokens (the generation config's and
+the tokenizer's) end a sequence too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
+
+import torch
+from transformers import DynamicCache
+
+from progress_sql.train.policy import chat_prompt_ids
+
+if TYPE_CHECKING:
+    from progress_sql.config import Settings
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+class BackendUnavailable(RuntimeError):
+    """A generation backend cannot run here (its optional dependency is missing)."""
+
+
+@dataclass
+class Sample:
+    """One sampled continuation.
+
+    ``prompt_ids``: the prompt; ``token_ids``: the sampled ids, up to and including the
+    eos or stop-completing token; ``text``: ``token_ids`` decoded (without a trailing eos);
+    ``logprobs``: raw-model log-probability (temperature 1) of each sampled id;
+    ``finish_reason``: ``stop`` (a stop string), ``eos`` or ``length`` (max_new_tokens).
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+GenerationRecord = Sample  # the name the rollout code uses for a policy output with .text
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Samples continuations of token-id prompts: one list of ``n`` samples per prompt."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[list[Sample]]: ...
+
+    def sync_weights(self, model: Any) -> None: ...
+
+
+# ----------------------------------------------------------------------------- shared helpers
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a generation: the model's generation config eos id(s) and the tokenizer's."""
+    ids: set[int] = set()
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (config_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text of ``token_ids`` exactly as generated (special tokens kept, no clean-up)."""
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def sample_text(tokenizer: Any, token_ids: Sequence[int], finish_reason: FinishReason) -> str:
+    """``Sample.text``: the decoded ids, without the eos token that ended them."""
+    ids = list(token_ids[:-1]) if finish_reason == "eos" else list(token_ids)
+    return decode(tokenizer, ids)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward argument that takes a KV cache: ``cache`` from transformers 5.2x on,
+    ``past_key_values`` before (vLLM installs pin older transformers)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _stop_window(stop: Sequence[str]) -> int:
+    # A character can take up to 4 byte-level tokens, so this many trailing tokens always
+    # decode to at least the longest stop string's length.
+    return 4 * max(len(s) for s in stop) + 4
+
+
+def completes_stop(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str]) -> bool:
+    """Whether the decoded tail of ``token_ids`` contains a stop string (checked after each new
+    token, so a hit means the last token completed it)."""
+    if not stop or not token_ids:
+        return False
+    tail = decode(tokenizer, token_ids[-_stop_window(stop):])
+    return any(s in tail for s in stop)
+
+
+def stop_index(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str]) -> int | None:
+    """The index of the token that completes the first stop string in ``token_ids``, or None:
+    a generation with these stop strings keeps ``token_ids[: index + 1]``."""
+    for i in range(len(token_ids)):
+        if completes_stop(tokenizer, token_ids[: i + 1], stop):
+            return i
+    return None
+
+
+def _sample_seeds(seed: int | None, count: int) -> list[int]:
+    # Per-sequence seeds: from ``seed`` when given, else from torch's global generator (so
+    # torch.manual_seed makes an unseeded call reproducible as well).
+    if seed is None:
+        return [int(x) for x in torch.randint(0, 2**62, (count,), dtype=torch.int64)]
+    return [(int(seed) * 1_000_003 + i * 7_919 + 1) % (2**62) for i in range(count)]
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the nucleus of mass ``top_p`` (the most likely token always stays)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(descending=True)
+    outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+# ----------------------------------------------------------------------------- transformers
+class TransformersBackend:
+    """Batched sampling with a transformers causal LM and its KV cache.
+
+    ``batch_size``: sequences decoded together (a prompt's n samples count n). The model is
+    put in eval mode while generating and restored afterwards.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer needs a pad or eos token")
+        self.pad_id = int(pad)
+        self._cache_kwarg = cache_kwarg(model)
+
+    def sync_weights(self, model: Any) -> None:
+        """Copy ``model``'s weights into the generating model (nothing to do when it is the same one)."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float,
+        top_p: float = 1.0,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[list[Sample]]:
+        """``n`` samples of each prompt (temperature 0: greedy); deterministic given ``seed``."""
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be at least 1")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        prompts = [[int(t) for t in p] for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if not prompts:
+            return []
+        seeds = _sample_seeds(seed, len(prompts) * n)
+        # Identical prompts (a GRPO group's first turn) share one prefill: group the wanted
+        # samples (prompt index, sample index) by prompt, longest prompts first (less padding),
+        # in units of at most batch_size samples, packed into batches of at most batch_size.
+        groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(tuple(p), []).extend((i, j) for j in range(n))
+        units = [
+            (key, rows[start:start + self.batch_size])
+            for key, rows in sorted(groups.items(), key=lambda kv: -len(kv[0]))
+            for start in range(0, len(rows), self.batch_size)
+        ]
+        batches: list[list[tuple[tuple[int, ...], list[tuple[int, int]]]]] = [[]]
+        for unit in units:
+            if sum(len(rows) for _, rows in batches[-1]) + len(unit[1]) > self.batch_size:
+                batches.append([])
+            batches[-1].append(unit)
+        results: list[list[Sample | None]] = [[None] * n for _ in prompts]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for batch in batches:
+                rows = [row for _, unit_rows in batch for row in unit_rows]
+                outs = self._generate_batch(
+                    [list(key) for key, _ in batch], [len(unit_rows) for _, unit_rows in batch],
+                    [seeds[i * n + j] for i, j in rows], temperature, top_p, max_new_tokens, list(stop),
+                )
+                for (i, j), sample in zip(rows, outs):
+                    results[i][j] = sample
+        finally:
+            self.model.train(was_training)
+        return [[s for s in row if s is not None] for row in results]
+
+    @torch.no_grad()
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        copies: list[int],
+        seeds: list[int],
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        stop: list[str],
+    ) -> list[Sample]:
+        model, device = self.model, self.model.device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p):] = torch.tensor(p)
+            attention[r, width - len(p):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
+        # One row per sample from here: repeat each prompt's cache/mask/logits for its copies.
+        expand = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(copies, device=device))
+        cache.batch_select_indices(expand)
+        attention = attention[expand]
+        logits = out.logits[expand, -1, :].float()
+        prompt_of_row = [prompts[r] for r in expand.tolist()]
+
+        total = len(seeds)
+        generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        tokens: list[list[int]] = [[] for _ in range(total)]
+        logps: list[list[float]] = [[] for _ in range(total)]
+        finish: list[FinishReason | None] = [None] * total
+        live = list(range(total))  # row in the current batch -> sample index
+        for step in range(max_new_tokens):
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = self._choose(logits, temperature, top_p, [generators[s] for s in live])
+            chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1).tolist()
+            keep: list[int] = []
+            for row, s in enumerate(live):
+                token = int(chosen[row])
+                tokens[s].append(token)
+                logps[s].append(float(chosen_logp[row]))
+                if token in self.eos_ids:
+                    finish[s] = "eos"
+                elif completes_stop(self.tokenizer, tokens[s], stop):
+                    finish[s] = "stop"
+                elif step == max_new_tokens - 1:
+                    finish[s] = "length"
+                else:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(live):  # finished sequences leave the batch
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention, chosen = attention[index], chosen[index]
+                live = [live[r] for r in keep]
+            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=-1)
+            positions = attention.sum(-1, keepdim=True) - 1
+            out = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=positions,
+                        use_cache=True, **{self._cache_kwarg: cache})
+            logits = out.logits[:, -1, :].float()
+
+        return [
+            Sample(
+                prompt_ids=list(prompt_of_row[s]),
+                token_ids=tokens[s],
+                text=sample_text(self.tokenizer, tokens[s], finish[s] or "length"),
+                logprobs=logps[s],
+                finish_reason=finish[s] or "length",
+            )
+            for s in range(total)
+        ]
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator]) -> torch.Tensor:
+        """The next token of each row: argmax at temperature 0, else a draw from the
+        temperature-scaled, nucleus-filtered distribution with the row's own generator."""
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = _top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)
+        return torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(generators)])
+
+
+# ----------------------------------------------------------------------------- vLLM
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gathered(model: Any) -> contextlib.AbstractContextManager:
+    """Full parameters while inside: DeepSpeed ZeRO-3 partitions them across ranks (as TRL
+    does, every parameter is gathered at once, which a PEFT merge needs); a no-op otherwise."""
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed  # noqa: PLC0415 - only ZeRO-3 models get here
+
+    return deepspeed.zero.GatheredParameters(params)
+
+
+class VLLMBackend:
+    """vLLM generation from token-id prompts, in this process (TRL's "colocate" mode).
+
+    Needs the optional extra ``vllm`` (CUDA only). Logprobs are vLLM's ``raw_logprobs`` (the
+    model's log-softmax before temperature/top-p), the same quantity ``TransformersBackend``
+    reports. ``sync_weights`` pushes the training model's parameters into the engine after an
+    update, as TRL 1.16 (``trl/generation/vllm_generation.py``) does.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, settings: "Settings", *, tokenizer: Any = None) -> None:
+        try:
+            import vllm  # noqa: PLC0415 - optional, CUDA-only dependency
+        except ImportError as err:
+            raise BackendUnavailable(
+                "the vLLM generation backend needs the optional extra `vllm` (CUDA only): "
+                "pip install 'progress-sql[vllm]', or set generation.backend: transformers"
+            ) from err
+        self._vllm = vllm
+        gen = settings.generation
+        # vLLM's in-process engine (needed to reach the model for weight sync) runs under the
+        # "external_launcher" executor, which reads torch.distributed's variables.
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
+            max_model_len=gen.max_prompt_tokens + gen.max_new_tokens,
+            distributed_executor_backend="external_launcher",
+            seed=settings.seed,
+            logprobs_mode="raw_logprobs",
+            enable_prefix_caching=True,
+        )
+        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float,
+        top_p: float = 1.0,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[list[Sample]]:
+        """``n`` samples of each prompt; same contract as ``TransformersBackend.generate``."""
+        params = self._vllm.SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=list(stop),
+            include_stop_str_in_output=True, logprobs=0, seed=seed,
+        )
+        requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        results = []
+        for prompt, output in zip(prompts, outputs):
+            samples = []
+            for completion in output.outputs:
+                ids = [int(t) for t in completion.token_ids]
+                logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs or [], ids)]
+                if completion.finish_reason == "length":
+                    reason: FinishReason = "length"
+                elif isinstance(completion.stop_reason, str):
+                    reason = "stop"
+                else:
+                    reason = "eos"
+                samples.append(Sample(list(prompt), ids, sample_text(self.tokenizer, ids, reason), logprobs, reason))
+            results.append(samples)
+        return results
+
+    def sync_weights(self, model: Any) -> None:
+        """Load ``model``'s current parameters into the engine (a PEFT model's adapters merged
+        first), then drop the prefix cache, which holds keys computed with the old weights."""
+        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        peft = hasattr(model, "merge_adapter") and hasattr(model, "prefix")
+        with _gathered(model):
+            if peft:
+                model.merge_adapter()
+            try:
+                for name, param in model.named_parameters():
+                    if peft:
+                        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                        if model.prefix in name or "original_module" in name:
+                            continue  # adapter weights are merged; vLLM has no such parameters
+                        name = name.replace("modules_to_save.default.", "")
+                    runner_model.load_weights([(name, param.data)])
+            finally:
+                if peft:
+                    model.unmerge_adapter()
+        self.llm.reset_prefix_cache()
+
+
+# ----------------------------------------------------------------------------- envs policy
+class ChatPolicy:
+    """An ``envs.Policy`` over a backend: each conversation rendered with the chat template
+    (``policy.chat_prompt_ids``), one ``Sample`` returned per conversation.
+
+    A conversation longer than ``max_prompt_tokens`` is not generated from: its output is an
+    empty ``length`` sample (the environment scores it as a wrong answer). With a ``seed``,
+    call k samples with seed + k, so successive turns do not replay one random stream.
+    """
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        tokenizer: Any,
+        *,
+        temperature: float,
+        max_new_tokens: int,
+        top_p: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        self.backend, self.tokenizer = backend, tokenizer
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.stop, self.seed, self.max_prompt_tokens = tuple(stop), seed, max_prompt_tokens
+        self.calls = 0
+
+    def generate(self, messages_batch: list[list[dict[str, str]]]) -> list[Sample]:
+        """One sample per conversation, in order."""
+        prompts = [chat_prompt_ids(self.tokenizer, messages) for messages in messages_batch]
+        fits = [i for i, p in enumerate(prompts) if self.max_prompt_tokens is None or len(p) <= self.max_prompt_tokens]
+        seed = None if self.seed is None else self.seed + self.calls
+        self.calls += 1
+        outputs: list[Sample] = [Sample(p, [], "", [], "length") for p in prompts]
+        if fits:
+            samples = self.backend.generate(
+                [prompts[i] for i in fits], n=1, temperature=self.temperature, top_p=self.top_p,
+                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=seed,
+            )
+            for i, row in zip(fits, samples):
+                outputs[i] = row[0]
+        return outputs
+
+
+# ----------------------------------------------------------------------------- factory
+def make_backend(settings: "Settings", model: Any, tokenizer: Any, model_path: str | os.PathLike | None = None) -> GenerationBackend:
+    """The backend ``settings.generation.backend`` names: ``transformers`` generates with
+    ``model`` itself; ``vllm`` loads ``model_path`` into its own engine."""
+    gen = settings.generation
+    if gen.backend == "transformers":
+        return TransformersBackend(model, tokenizer, gen.batch_size)
+    if gen.backend == "vllm":
+        if model_path is None:
+            raise ValueError("the vllm backend needs model_path (the checkpoint it loads)")
+        return VLLMBackend(model_path, settings, tokenizer=tokenizer)
+    raise ValueError(f"unknown generation backend {gen.backend!r}")

@@ -1,0 +1,276 @@
+"""The token side of rollouts: a Policy for ``envs.rollout`` that keeps every conversation's
+exact token sequence, and the per-episode training record built from it.
+
+The environments speak messages; the trainer needs the token ids the model saw and sampled.
+``TokenPolicy`` keeps one token record per conversation and only ever *appends* to it:
+
+    round 1    chat_prompt_ids(system, user) + generation prompt        mask 0
+    turn t     the sampled ids, exactly as sampled (eos included)        mask 1
+    turn t+1   end-of-turn tokens the sample lacks, the environment's    mask 0
+               new messages (feedback / observation), generation prompt
+
+Assistant text is never re-tokenised. The tokens of the new environment messages come from
+the chat template rendered around a fixed dummy conversation (``TemplateDeltas``): the text
+the template adds after a finished assistant turn, tokenised on its own. It starts and ends
+at special tokens for ChatML, Llama-3 and the like, so its tokens are the ones a full render
+would give (a test checks this prefix property for the tiny tokenizer's ChatML template).
+
+End of turn: a sample that stopped at the eos token already holds ``<|im_end|>`` (sampled,
+mask 1: the model is trained to stop); one that stopped at a stop string or the length limit
+gets the template's end-of-turn tokens appended with mask 0 (not sampled, so not trained).
+
+Conversations are told apart across calls by content: ``envs.rollout`` passes copies of the
+messages, so a conversation is the one whose record holds its messages up to its last
+assistant message; identical conversations (the G prompts of a group) are matched in call
+order, the order ``envs.rollout`` keeps.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from progress_sql.config import GenerationSettings
+from progress_sql.envs.base import Episode
+from progress_sql.rewards.formats import FormatName
+from progress_sql.train.generation import GenerationBackend, Sample
+from progress_sql.train.policy import chat_prompt_ids
+
+Message = dict[str, str]
+
+# Where a generation stops besides eos: right after the answer block of each output format,
+# so nothing trails the answer (and a tool call never writes its own <observation>).
+STOP_STRINGS: dict[str, tuple[str, ...]] = {
+    "think_sql": ("</sql>",),
+    "reasoning_answer": ("</answer>",),
+    "trail": ("</sql>", "</solution>"),
+}
+
+
+def stop_strings(fmt: FormatName) -> tuple[str, ...]:
+    """The stop strings of output format ``fmt`` (``recipe.fmt`` / ``env.fmt``)."""
+    try:
+        return STOP_STRINGS[fmt]
+    except KeyError:
+        raise KeyError(f"unknown output format {fmt!r}; known: {', '.join(STOP_STRINGS)}") from None
+
+
+# ----------------------------------------------------------------------------- template deltas
+_DUMMY = "\u2060PROGRESS_SQL_DUMMY_{}\u2060"  # word joiners: text no template or message contains
+
+
+class TemplateDeltas:
+    """Token ids the chat template adds around a finished assistant turn.
+
+    ``eot``: after the assistant's content (ChatML: ``<|im_end|>\\n``); ``continuation(msgs)``:
+    the new user/tool messages plus the generation prompt that follow ``eot``.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._prefix = [
+            {"role": "system", "content": _DUMMY.format("S")},
+            {"role": "user", "content": _DUMMY.format("U")},
+            {"role": "assistant", "content": _DUMMY.format("A")},
+        ]
+        text = self._render(self._prefix, add_generation_prompt=False)
+        marker = _DUMMY.format("A")
+        if marker not in text:
+            raise ValueError("the chat template does not render assistant content verbatim")
+        self._prefix_text = text
+        self.eot = self._encode(text[text.rindex(marker) + len(marker):])
+
+    def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    def continuation(self, messages: Sequence[Message]) -> list[int]:
+        """Tokens of ``messages`` (the environment's reply) and the generation prompt."""
+        full = self._render(self._prefix + [dict(m) for m in messages], add_generation_prompt=True)
+        if not full.startswith(self._prefix_text):
+            raise ValueError("the chat template renders earlier turns differently once new messages follow; "
+                             "token-exact multi-turn rollouts need a template that only appends")
+        return self._encode(full[len(self._prefix_text):])
+
+    def missing_eot(self, sampled: Sequence[int]) -> list[int]:
+        """The end-of-turn tokens not already at the end of ``sampled`` (a sampled eos counts)."""
+        for k in range(min(len(self.eot), len(sampled)), 0, -1):
+            if list(sampled[-k:]) == self.eot[:k]:
+                return self.eot[k:]
+        return list(self.eot)
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass
+class ConversationTokens:
+    """One conversation's token record: ``input_ids``, ``loss_mask`` (1 = sampled by the
+    policy) and ``logprobs`` (the sampler's, at mask-1 positions; 0.0 elsewhere)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    last_sample: Sample | None = None
+
+    def extend(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
+        ids = [int(i) for i in ids]
+        self.input_ids += ids
+        self.loss_mask += [mask] * len(ids)
+        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+
+
+@dataclass
+class TurnOutput:
+    """What ``TokenPolicy.generate`` returns per conversation (a policy output with ``.text``):
+    the sample and the conversation's live token record (shared by its turns)."""
+
+    text: str
+    sample: Sample
+    conversation: ConversationTokens
+
+
+@dataclass
+class TokenizedTrajectory:
+    """One episode as the trainer consumes it. ``old_logprobs`` are the sampler's per-token
+    log-probabilities (0.0 where ``loss_mask`` is 0); ``truncated``: cut to the length limit."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+    group_id: int
+    turn_count: int
+    truncated: bool = False
+
+    @property
+    def sampled_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+def max_sequence_tokens(gen: GenerationSettings, max_turns: int) -> int:
+    """The length limit of a trajectory: prompt budget + T generations."""
+    return gen.max_prompt_tokens + max_turns * gen.max_new_tokens
+
+
+def tokenized_trajectory(
+    episode: Episode, reward: float, group_id: int, max_tokens: int
+) -> TokenizedTrajectory:
+    """The training record of an episode rolled out with a ``TokenPolicy``, cut to ``max_tokens``
+    (input ids, mask and log-probs together)."""
+    if not episode.generations or not isinstance(episode.generations[-1], TurnOutput):
+        raise TypeError("the episode was not rolled out with a TokenPolicy (no token record)")
+    conv = episode.generations[-1].conversation
+    n = min(len(conv.input_ids), max_tokens)
+    return TokenizedTrajectory(
+        input_ids=conv.input_ids[:n],
+        loss_mask=conv.loss_mask[:n],
+        old_logprobs=conv.logprobs[:n],
+        reward=float(reward),
+        group_id=int(group_id),
+        turn_count=episode.K,
+        truncated=n < len(conv.input_ids),
+    )
+
+
+# ----------------------------------------------------------------------------- the policy
+def _key(messages: Sequence[Message]) -> tuple[tuple[str, str], ...]:
+    return tuple((m["role"], m["content"]) for m in messages)
+
+
+class TokenPolicy:
+    """The ``envs.Policy`` of training rollouts: samples with ``backend`` and keeps token records.
+
+    ``gen``: temperature, top-p, max_new_tokens; ``stop``: stop strings; ``max_tokens``: a
+    conversation never grows past it (a turn's budget is what is left, an empty output when
+    nothing is); ``seed``: every generate call is seeded from (seed, call number), so the same
+    seed replays the same rollouts. One instance serves one ``envs.rollout`` call.
+    """
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        tokenizer: Any,
+        gen: GenerationSettings,
+        stop: Sequence[str] = (),
+        *,
+        max_tokens: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.gen = gen
+        self.stop = tuple(stop)
+        self.max_tokens = max_tokens
+        self.seed = int(seed)
+        self.deltas = TemplateDeltas(tokenizer)
+        self.calls = 0
+        # conversations awaiting their next turn, by their messages up to the last assistant one
+        self._waiting: dict[tuple, deque[ConversationTokens]] = defaultdict(deque)
+
+    def _record_for(self, messages: list[Message]) -> ConversationTokens:
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last is None:
+            conv = ConversationTokens()
+            conv.extend(chat_prompt_ids(self.tokenizer, messages, add_generation_prompt=True), 0)
+            return conv
+        queue = self._waiting.get(_key(messages[: last + 1]))
+        if not queue:
+            raise ValueError("TokenPolicy: a conversation continues no conversation it generated for "
+                             "(its history was changed, or it comes from another policy)")
+        conv = queue.popleft()
+        new = messages[last + 1:]
+        if not new:
+            raise ValueError("TokenPolicy: a conversation ends with an assistant message; nothing to answer")
+        assert conv.last_sample is not None
+        conv.extend(self.deltas.missing_eot(conv.last_sample.token_ids), 0)
+        conv.extend(self.deltas.continuation(new), 0)
+        return conv
+
+    def _budget(self, conv: ConversationTokens) -> int:
+        if self.max_tokens is None:
+            return self.gen.max_new_tokens
+        return max(0, min(self.gen.max_new_tokens, self.max_tokens - len(conv.input_ids)))
+
+    def call_seed(self, call: int, budget: int) -> int:
+        """The seed of one backend call: a function of (seed, call number, budget) only."""
+        return int(np.random.SeedSequence([self.seed, call, budget]).generate_state(1)[0])
+
+    def generate(self, messages_batch: list[list[Message]]) -> list[TurnOutput]:
+        """One sampled turn per conversation, in order."""
+        convs = [self._record_for(list(messages)) for messages in messages_batch]
+        call = self.calls
+        self.calls += 1
+        samples: list[Sample | None] = [None] * len(convs)
+        by_budget: dict[int, list[int]] = defaultdict(list)
+        for i, conv in enumerate(convs):
+            by_budget[self._budget(conv)].append(i)
+        for budget, rows in sorted(by_budget.items()):
+            if budget == 0:  # no room left: an empty turn (the environment scores it as wrong)
+                for i in rows:
+                    samples[i] = Sample(list(convs[i].input_ids), [], "", [], "length")
+                continue
+            outs = self.backend.generate(
+                [convs[i].input_ids for i in rows], n=1, temperature=self.gen.temperature,
+                top_p=self.gen.top_p, max_new_tokens=budget, stop=self.stop, seed=self.call_seed(call, budget),
+            )
+            for i, out in zip(rows, outs):
+                samples[i] = out[0]
+        outputs = []
+        for messages, conv, sample in zip(messages_batch, convs, samples):
+            assert sample is not None
+            if len(sample.logprobs) != len(sample.token_ids):
+                raise ValueError(f"the backend gave {len(sample.logprobs)} logprobs for {len(sample.token_ids)} tokens")
+            conv.extend(sample.token_ids, 1, sample.logprobs)
+            conv.turns += 1
+            conv.last_sample = sample
+            key = _key(list(messages) + [{"role": "assistant", "content": sample.text}])
+            self._waiting[key].append(conv)
+            outputs.append(TurnOutput(sample.text, sample, conv))
+        return outputs

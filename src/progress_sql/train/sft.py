@@ -1,0 +1,421 @@
+"""SFT warm start: teach a policy the output format and what ODT feedback means.
+
+Examples (``build_sft_examples``), from the corpus' train split:
+
+- plain: the round-1 conversation the environment shows (``envs.round1_messages``) and the
+  target ``<think>{reasoning trace}</think>\\n<sql>{gold}</sql>`` (the tags of ``fmt``);
+- revision (a ``revision_share`` of the examples, in addition): the real ``odt_feedback``
+  environment driven by a scripted policy through a corrupted gold (``train.corrupt``) and then
+  the gold, so the dialogue is exactly what a rollout shows: round-1 prompt → wrong SQL → the
+  environment's ODT feedback (VALUE_MISMATCH when the structure matches) → the gold. A
+  corruption whose execution matches the gold is skipped (the next one is tried).
+
+Only the final assistant turn is a target: the corrupted turn carries no loss, since training
+on it would teach wrong SQL. Tokens are the chat template's, built segment by segment (each
+message's text is the difference of two prefix renderings) so the assistant tokens are known
+exactly; only the assistant's content and its end-of-turn token carry loss, never the header.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from progress_sql.config import Settings, default_settings
+from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.envs import ODTFeedbackEnv, ScriptedPolicy, SchemaTexts, SingleTurnEnv, round1_messages, rollout
+from progress_sql.rewards.formats import FormatName
+from progress_sql.train.corrupt import corrupt, schema_from_ddl
+from progress_sql.train.generation import ChatPolicy, cache_kwarg, make_backend
+from progress_sql.train.policy import load_policy
+
+Message = dict[str, str]
+_TAGS = {"think_sql": ("think", "sql"), "reasoning_answer": ("reasoning", "answer"), "trail": ("think", "solution")}
+METRICS_FILE = "sft_metrics.json"
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One training conversation. ``targets``: indices of the messages that carry loss (the
+    final assistant message); ``kind``: plain | revision; ``db_id``: its database (batches are
+    drawn per database, see ``token_loss``); ``corruption``: the corruption of a revision
+    dialogue's wrong turn."""
+
+    messages: list[Message]
+    targets: tuple[int, ...]
+    kind: str
+    example_id: str
+    db_id: str = ""
+    corruption: str = ""
+
+
+def target_text(example: Example, fmt: FormatName, sql: str | None = None) -> str:
+    """The assistant output for ``example`` in format ``fmt``: its reasoning trace and ``sql``
+    (default: the gold) in the format's tags."""
+    reason, answer = _TAGS[fmt]
+    return f"<{reason}>{example.reasoning.strip()}</{reason}>\n<{answer}>{(sql or example.gold_sql).strip()}</{answer}>"
+
+
+def build_sft_examples(
+    examples: Sequence[Example],
+    settings: Settings,
+    *,
+    database: Callable[[str], str | Path],
+    schema_texts: Callable[[str, str | Path], str] | None = None,
+    fmt: FormatName = "think_sql",
+    seed: int | None = None,
+) -> list[SFTExample]:
+    """Plain examples for every example and revision dialogues for a ``settings.sft.revision_share``
+    of them (``think_sql`` only: ODT feedback is that format's environment).
+
+    ``database(db_id)`` gives the SQLite file (``CorpusLayout.database``), ``schema_texts`` the
+    prompts' schema text (default: the files' DDL). Deterministic for a seed (default
+    ``settings.seed``). Examples whose gold cannot be made into a revision dialogue (no
+    corruption changes its result) stay plain only.
+    """
+    if fmt not in _TAGS:
+        raise ValueError(f"unknown output format {fmt!r}")
+    schema_texts = schema_texts or SchemaTexts()
+    rng = random.Random(f"{settings.seed if seed is None else seed}:sft")
+    out: list[SFTExample] = []
+    for ex in examples:
+        details = schema_texts(ex.db_id, database(ex.db_id))
+        messages = round1_messages(ex, details, fmt, settings.env)
+        messages.append({"role": "assistant", "content": target_text(ex, fmt)})
+        out.append(SFTExample(messages, (len(messages) - 1,), "plain", ex.id, ex.db_id))
+    if fmt != "think_sql" or settings.sft.revision_share <= 0:
+        return out
+    chosen = [ex for ex in examples if rng.random() < settings.sft.revision_share]
+    out.extend(_revision_dialogues(chosen, settings, database, schema_texts, rng))
+    return out
+
+
+def _revision_dialogues(
+    examples: Sequence[Example],
+    settings: Settings,
+    database: Callable[[str], str | Path],
+    schema_texts: Callable[[str, str | Path], str],
+    rng: random.Random,
+) -> list[SFTExample]:
+    """Run each example's candidate corruptions through the ODT environment (one rollout per
+    round of candidates) until one is wrong at turn 1 and the gold is right at turn 2."""
+    pending = []
+    for ex in examples:
+        schema = schema_from_ddl(schema_texts(ex.db_id, database(ex.db_id)))
+        candidates = corrupt(ex.gold_sql, rng, schema)
+        if candidates:
+            pending.append((ex, candidates))
+    done: dict[str, SFTExample] = {}
+    turns = settings.env.max_turns
+    while pending and turns >= 2:
+        batch = [(ex, candidates[0]) for ex, candidates in pending]
+        gold = [target_text(ex, "think_sql") for ex, _ in batch]
+        # The gold repeated to the end, so a script never runs out (a gold that is not
+        # correct at turn 2 is dropped below).
+        scripts = [[target_text(ex, "think_sql", sql)] + [g] * (turns - 1) for (ex, (_, sql)), g in zip(batch, gold)]
+        episodes = rollout(lambda: ODTFeedbackEnv(settings, schema_texts=schema_texts), ScriptedPolicy(scripts),
+                           [ex for ex, _ in batch], database)
+        for (ex, (name, _)), ep in zip(batch, episodes):
+            if ep.k_star == 2:
+                done[ex.id] = SFTExample(ep.messages[:5], (4,), "revision", ex.id, ex.db_id, name)
+        pending = [(ex, candidates[1:]) for ex, candidates in pending if ex.id not in done and len(candidates) > 1]
+    return [done[ex.id] for ex in examples if ex.id in done]
+
+
+# ----------------------------------------------------------------------------- tokenisation
+def _render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _segment(tokenizer: Any, before: str, after: str) -> list[int]:
+    if not after.startswith(before):
+        raise ValueError("the chat template is not prefix-stable (rendering more messages changes the "
+                         "earlier text), so assistant tokens cannot be located by prefixes")
+    return tokenizer.encode(after[len(before):], add_special_tokens=False)
+
+
+def encode_conversation(tokenizer: Any, messages: Sequence[Message], targets: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of a conversation rendered by the chat template.
+
+    Each message is rendered as the text its prefix rendering gains and tokenised on its own,
+    so the ids equal the tokenisation of the whole rendering whenever the template separates
+    messages by special tokens (ChatML does). The mask is 1 on a target assistant message's
+    content and end-of-turn (eos) token; 0 on its header (the generation prompt), on what the
+    template puts after eos, and on every other message.
+    """
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            header = _render(tokenizer, messages[:i], True)
+            seg = _segment(tokenizer, rendered, header)
+            ids += seg
+            mask += [0] * len(seg)
+            rendered = header
+        full = _render(tokenizer, messages[: i + 1], False)
+        seg = _segment(tokenizer, rendered, full)
+        seg_mask = [0] * len(seg)
+        if i in targets:
+            if message["role"] != "assistant":
+                raise ValueError(f"message {i} is a {message['role']} message; only assistant messages are targets")
+            end = seg.index(eos) + 1 if eos in seg else len(seg)
+            seg_mask[:end] = [1] * end
+        ids += seg
+        mask += seg_mask
+        rendered = full
+    return ids, mask
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class SFTResult:
+    """What ``run_sft`` did: where the model is, the loss of every optimiser step, counts."""
+
+    out_dir: str
+    losses: list[float]
+    final_loss: float
+    steps: int
+    examples: dict[str, int]
+    dropped_too_long: int
+    tokens: int  # tokens run through the model (a batch's shared prefix counted once)
+    seconds: float
+    stopped_early: bool
+    lora: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _batches(lengths: list[int], groups: list[str], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Batches within one group (database), of similar length: shuffle each group, sort windows
+    of 8 batches by length, cut, then shuffle all batches. Examples of one database share their
+    prompt up to the question (system prompt and schema), which ``token_loss`` computes once."""
+    by_group: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        by_group.setdefault(group, []).append(i)
+    batches = []
+    for group in sorted(by_group):
+        order = by_group[group]
+        rng.shuffle(order)
+        window = batch_size * 8
+        for start in range(0, len(order), window):
+            chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
+            batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int, device: torch.device):
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for r, (ids, m) in enumerate(rows):
+        input_ids[r, :len(ids)] = torch.tensor(ids)
+        attention[r, :len(ids)] = 1
+        mask[r, :len(ids)] = torch.tensor(m, dtype=torch.bool)
+    return input_ids.to(device), attention.to(device), mask.to(device)
+
+
+def shared_prefix_length(rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The number of leading tokens every row has in common, stopping before the token that
+    predicts the first target (its logits must come from the per-row pass) and leaving every
+    row at least one token of its own."""
+    first = rows[0][0]
+    limit = min(len(ids) for ids, _ in rows) - 1
+    for _, mask in rows:
+        if 1 in mask:
+            limit = min(limit, list(mask).index(1) - 1)
+    k = 0
+    while k < limit and all(ids[k] == first[k] for ids, _ in rows):
+        k += 1
+    return max(k, 0)
+
+
+def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, *,
+               share_prefix: bool = True) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the target tokens of a batch of ``(ids, mask)`` rows, and the
+    number of tokens processed.
+
+    With ``share_prefix`` the rows' common prefix is run once (batch 1) and its KV cache,
+    expanded to the batch, feeds the per-row suffixes: the same loss and gradients as the
+    plain padded forward pass (a test checks both), several times cheaper when the prompt is
+    long and the target short, as in Text-to-SQL.
+    """
+    device = model.device
+    k = shared_prefix_length(rows) if share_prefix and len(rows) > 1 else 0
+    if k >= 2:
+        cache = DynamicCache(config=model.config)
+        key = cache_kwarg(model)
+        model(input_ids=torch.tensor([list(rows[0][0][:k])], device=device), use_cache=True, logits_to_keep=1,
+              **{key: cache})
+        cache.batch_repeat_interleave(len(rows))
+        input_ids, attention, mask = _pad([(ids[k:], m[k:]) for ids, m in rows], pad_id, device)
+        attention = torch.cat([attention.new_ones((len(rows), k)), attention], dim=1)
+        positions = torch.arange(k, k + input_ids.shape[1], device=device).expand(len(rows), -1)
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                       **{key: cache}).logits
+        processed = k + int(attention[:, k:].sum())
+    else:
+        input_ids, attention, mask = _pad(list(rows), pad_id, device)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits
+        processed = int(attention.sum())
+    # Position t predicts token t + 1; only target tokens count.
+    labels = input_ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return loss / mask[:, 1:].sum().clamp(min=1), processed
+
+
+def schedule_factor(progress: float, warmup_ratio: float) -> float:
+    """The learning-rate multiplier at ``progress`` in [0, 1] of the run: linear warmup over
+    the first ``warmup_ratio``, then cosine decay to 0 at the end."""
+    if progress < warmup_ratio:
+        return progress / warmup_ratio
+    span = max(1e-9, 1.0 - warmup_ratio)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - warmup_ratio) / span)))
+
+
+def _with_lora(model: Any, settings: Settings) -> Any:
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only the LoRA path needs peft
+
+    lora = settings.sft.lora
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def load_train_examples(corpus_dir: str | Path, settings: Settings) -> list[Example]:
+    """The train split, shuffled by the seed and cut to ``sft.max_examples`` (0: all)."""
+    examples = list(read_jsonl(CorpusLayout(Path(corpus_dir)).split("train")))
+    if not examples:
+        raise CorpusError(f"{corpus_dir}: the train split is empty")
+    random.Random(f"{settings.seed}:sft-examples").shuffle(examples)
+    return examples[: settings.sft.max_examples] if settings.sft.max_examples else examples
+
+
+def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path | None = None,
+            progress: bool = True) -> SFTResult:
+    """Fine-tune ``sft.init_from`` on the corpus' train split and save it to ``out_dir``
+    (default ``sft.out_dir``) with its tokenizer and ``sft_metrics.json``.
+
+    A plain torch loop (not transformers' Trainer: ``token_loss`` shares each batch's prompt
+    prefix, which is most of a Text-to-SQL sequence): AdamW, token-mean cross-entropy on target
+    tokens only, gradient clipping at ``sft.grad_clip``, and a learning rate that warms up
+    linearly then decays on a cosine (``schedule_factor``) over ``sft.epochs`` (fractional
+    allowed). With ``sft.max_minutes`` > 0 the training loop (data preparation excluded) also
+    ends at that wall-clock budget, and the schedule runs on whichever of steps or time is
+    further along, so a slow machine still finishes its decay (such a run is not bit-for-bit
+    reproducible across machines; ``max_minutes: 0`` is).
+    With ``sft.lora.enabled`` a LoRA adapter is trained: it is saved in ``out_dir/adapter`` and
+    merged into the full model saved in ``out_dir``, so later stages load it like any other.
+    """
+    sft = settings.sft
+    out = Path(out_dir if out_dir is not None else sft.out_dir)
+    started = time.perf_counter()
+    torch.manual_seed(settings.seed)
+    layout = CorpusLayout(Path(corpus_dir))
+    model, tokenizer = load_policy(sft.init_from, dtype=settings.model.dtype)
+    examples = load_train_examples(corpus_dir, settings)
+    conversations = build_sft_examples(examples, settings, database=layout.database,
+                                       schema_texts=SchemaTexts.for_corpus(layout))
+    encoded, kept_groups, dropped = [], [], 0
+    for conv in conversations:
+        ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)
+        if len(ids) > sft.max_seq_len:
+            dropped += 1  # truncating would cut the target or change the prompt
+            continue
+        encoded.append((ids, mask))
+        kept_groups.append(conv.db_id)
+    if not encoded:
+        raise ValueError(f"no SFT example fits sft.max_seq_len={sft.max_seq_len}")
+
+    if sft.lora.enabled:
+        model = _with_lora(model, settings)
+    model.train()
+    rng = random.Random(f"{settings.seed}:sft-batches")
+    total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
+    lengths = [len(ids) for ids, _ in encoded]
+    losses: list[float] = []
+    tokens, sequence_tokens, stopped, step = 0, 0, False, 0
+    budget_s = sft.max_minutes * 60
+    train_started = time.perf_counter()
+    bar = tqdm(total=total, desc="sft", disable=not progress)
+    finished = False
+    while not finished:
+        for batch in _batches(lengths, kept_groups, sft.batch_size, rng):
+            spent = (time.perf_counter() - train_started) / budget_s if budget_s > 0 else 0.0
+            done = max((step + 0.5) / total, min(spent, 1.0))  # the middle of this step
+            for group in optimizer.param_groups:
+                group["lr"] = sft.lr * schedule_factor(done, sft.warmup_ratio)
+            loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            tokens += processed
+            sequence_tokens += sum(lengths[i] for i in batch)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            out_of_time = budget_s > 0 and time.perf_counter() - train_started >= budget_s
+            if step >= total or out_of_time:
+                stopped, finished = step < total, True
+                break
+    bar.close()
+
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    if sft.lora.enabled:
+        model.save_pretrained(str(out / "adapter"))
+        model = model.merge_and_unload()
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    counts = {"plain": sum(c.kind == "plain" for c in conversations),
+              "revision": sum(c.kind == "revision" for c in conversations), "trained": len(encoded)}
+    seconds = time.perf_counter() - started
+    tail = losses[-max(1, min(20, len(losses) // 10)):]
+    result = SFTResult(
+        out_dir=str(out), losses=losses, final_loss=sum(tail) / len(tail), steps=step, examples=counts,
+        dropped_too_long=dropped, tokens=tokens, seconds=round(seconds, 2), stopped_early=stopped,
+        lora=sft.lora.enabled,
+    )
+    result.metrics = {"sft": sft.model_dump(), "init_from": sft.init_from, "sequence_tokens": sequence_tokens,
+                      "sequence_tokens_per_s": round(sequence_tokens / seconds, 1),
+                      "first_loss": losses[0], "final_loss": result.final_loss}
+    (out / METRICS_FILE).write_text(json.dumps(asdict(result), indent=2, sort_keys=True), encoding="utf-8")
+    return result
+
+
+# ----------------------------------------------------------------------------- quick evaluation
+def greedy_ex(model_dir: str | Path, corpus_dir: str | Path, split: str = "dev", limit: int | None = None,
+              settings: Settings | None = None) -> float:
+    """Execution accuracy of greedy single-turn ``think_sql`` generation on the first ``limit``
+    examples of ``split`` (the evaluation stage has the full runner; this is a quick check)."""
+    settings = settings or default_settings()
+    layout = CorpusLayout(Path(corpus_dir))
+    examples = list(read_jsonl(layout.split(split)))[: limit or None]
+    if not examples:
+        raise CorpusError(f"{layout.split(split)}: no examples")
+    model, tokenizer = load_policy(model_dir, dtype=settings.model.dtype)
+    gen = settings.generation
+    policy = ChatPolicy(make_backend(settings, model, tokenizer, model_dir), tokenizer, temperature=0.0,
+                        max_new_tokens=gen.max_new_tokens, stop=("</sql>",), max_prompt_tokens=gen.max_prompt_tokens)
+    schema_texts = SchemaTexts.for_corpus(layout)
+    episodes = rollout(lambda: SingleTurnEnv(settings, schema_texts=schema_texts), policy, examples, layout.database)
+    return sum(ep.correct for ep in episodes) / len(episodes)

@@ -1,0 +1,374 @@
+"""The RL trainer: multi-turn GRPO / GSPO / Dr.GRPO over the rollout environments.
+
+The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
+
+    for step in 1..rl.steps (or until rl.max_minutes):
+        questions  ← the next questions_per_step train examples (a seeded permutation per epoch)
+        episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode
+        rewards    ← rewards.get(rl.recipe)(episode.trajectory())
+        advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean)
+        old logp   ← one no-grad forward of the current policy, same micro-batches
+        for pass in 1..updates_per_batch:                                      model in train mode
+            for micro-batch: loss share → backward → engine.step()   (updates at the batch's end)
+        metrics → metrics.jsonl, on_step, progress bar; checkpoint every checkpoint_every steps
+    final policy → <out>/final (save_pretrained + tokenizer)
+
+Old log-probabilities are recomputed rather than taken from the sampler: the sampler's come
+from a left-padded KV-cached decode (vLLM: another kernel, maybe bf16) and differ in the last
+digits, so the first pass would not be exactly on-policy and clipping would fire on noise. The
+recomputed values run through the very forward the loss uses, so on pass 1 the ratio is 1
+exactly; the sampler's values are kept for the ``logprob_gap`` metric (at temperature 1).
+Dropout is switched off in the policy, so eval-mode sampling and train-mode training see the
+same function.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from progress_sql import envs, rewards
+from progress_sql.config import RLSettings, Settings
+from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.envs.db_details import SchemaTexts
+from progress_sql.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
+from progress_sql.train.generation import make_backend
+from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss, token_logprobs
+from progress_sql.train.policy import load_policy
+from progress_sql.train.rollout import (
+    TokenizedTrajectory,
+    TokenPolicy,
+    max_sequence_tokens,
+    stop_strings,
+    tokenized_trajectory,
+)
+
+
+@dataclass
+class RLResult:
+    """``final_dir``: the trained policy (``save_pretrained`` + tokenizer); ``steps``: the last
+    step done; ``stopped_by``: ``steps`` or ``time``; ``metrics``: one dict per step."""
+
+    out_dir: Path
+    final_dir: Path
+    steps: int
+    stopped_by: str
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout so that sampling (eval mode) and training (train mode) agree."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(model.config, name, None), float):
+            setattr(model.config, name, 0.0)
+
+
+def question_indices(n_examples: int, position: int, count: int, seed: int) -> list[int]:
+    """Examples ``position .. position+count-1`` of the stream that walks a fresh seeded
+    permutation of the train split each epoch: the data position alone replays the order."""
+    orders: dict[int, np.ndarray] = {}
+    out = []
+    for p in range(position, position + count):
+        epoch, offset = divmod(p, n_examples)
+        if epoch not in orders:
+            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n_examples)
+        out.append(int(orders[epoch][offset]))
+    return out
+
+
+def step_seed(seed: int, step: int, rank_: int = 0) -> int:
+    """The generation seed of one step (and rank): resume replays the same rollouts."""
+    return int(np.random.SeedSequence([seed, step, rank_]).generate_state(1)[0])
+
+
+def collate(
+    trajs: list[TokenizedTrajectory], advantages: torch.Tensor, pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Right-padded tensors of a micro-batch: ids, attention, loss mask, sampler logp, advantages."""
+    width = max(len(t.input_ids) for t in trajs)
+    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(trajs), width), dtype=torch.long)
+    mask = torch.zeros((len(trajs), width), dtype=torch.float32)
+    sampler = torch.zeros((len(trajs), width), dtype=torch.float32)
+    for r, t in enumerate(trajs):
+        n = len(t.input_ids)
+        ids[r, :n] = torch.tensor(t.input_ids)
+        attention[r, :n] = 1
+        mask[r, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        sampler[r, :n] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+    mask[:, 0] = 0.0  # the first token has no context to be predicted from
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": mask.to(device),
+            "sampler_logp": sampler.to(device), "advantages": advantages.to(device)}
+
+
+def micro_batch_loss(
+    forward: Callable[..., Any],
+    batch: dict[str, torch.Tensor],
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    rl: RLSettings,
+    *,
+    temperature: float,
+    num_sequences: int,
+    num_tokens: float,
+    max_tokens: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats."""
+    logp = token_logprobs(forward, batch["input_ids"], batch["attention_mask"], temperature)
+    common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
+    if rl.algorithm == "gspo":
+        return gspo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+                         num_sequences=num_sequences)
+    return grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+                     aggregation=rl.aggregation, num_sequences=num_sequences, num_tokens=num_tokens,
+                     max_tokens=max_tokens)
+
+
+def _env_factory(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
+    env_cls = envs.get(settings.rl.env)
+    if settings.rl.env == "single_turn":
+        return lambda: env_cls(settings, fmt=recipe.fmt, schema_texts=schema)
+    if env_cls.fmt != recipe.fmt:
+        raise ValueError(f"rl.recipe {recipe.name!r} scores {recipe.fmt} outputs but rl.env {settings.rl.env!r} "
+                         f"prompts for {env_cls.fmt}; pick a matching pair")
+    return lambda: env_cls(settings, schema_texts=schema)
+
+
+def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput) -> dict[str, Any]:
+    return {"example_id": ep.example.id, "db_id": ep.example.db_id, "group": traj.group_id,
+            "reward": out.total, "components": out.components, "k_star": ep.k_star, "correct": ep.correct,
+            "turns": ep.K, "texts": [envs.output_text(g) for g in ep.generations],
+            "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
+
+
+def _all_ranks_agree(flag: bool) -> bool:
+    """Rank 0's decision, on every rank (the time budget must stop all ranks together)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)])
+    torch.distributed.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]], mode: str = "a") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode, encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- the loop
+def run_rl(
+    settings: Settings,
+    corpus_dir: str | Path,
+    *,
+    out_dir: str | Path | None = None,
+    resume: bool | str | Path = False,
+    progress: bool = True,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+) -> RLResult:
+    """Train ``settings.rl.init_from`` with RL on the train split of ``corpus_dir``.
+
+    ``out_dir`` (default ``rl.out_dir``) receives ``metrics.jsonl``, ``rollouts/step-N.jsonl``
+    (when ``rl.save_rollouts``), ``checkpoints/step-N`` and ``final/``. ``resume``: False starts
+    afresh (clearing earlier checkpoints, metrics and rollouts there); True continues from the
+    newest checkpoint in ``out_dir`` (afresh when there is none); a path continues from that
+    checkpoint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
+    """
+    rl, gen = settings.rl, settings.generation
+    out = Path(out_dir if out_dir is not None else rl.out_dir)
+    layout = CorpusLayout(Path(corpus_dir))
+    train = list(read_jsonl(layout.split("train")))
+    if not train:
+        raise CorpusError(f"{layout.split('train')}: no training examples")
+
+    # -- policy, reference, engine, sampler
+    deepspeed = use_deepspeed(rl.deepspeed)
+    prepare_environment(deepspeed)
+    if not deepspeed and world_size() > 1:
+        raise ValueError("several processes train together only through DeepSpeed: "
+                         "set rl.deepspeed to auto or always")
+    seed_everything(rl.seed)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
+    disable_dropout(model)
+    reference = None
+    if rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            reference = reference.to(torch.bfloat16)
+    recipe = rewards.get(rl.recipe)
+    env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout))
+    max_turns = env_factory().max_turns
+    max_tokens = max_sequence_tokens(gen, max_turns)
+    budget_tokens = max_turns * gen.max_new_tokens  # Dr.GRPO's constant normaliser
+    n_seq = rl.questions_per_step * rl.group_size  # trajectories per rank and step
+    grad_accum = math.ceil(n_seq / rl.micro_batch_size)
+    engine: Engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
+                                 grad_accum=grad_accum)
+    policy_model = engine.module
+    backend = make_backend(settings, policy_model, tokenizer, model_path=rl.init_from)
+    stops = stop_strings(recipe.fmt)
+    pad_id = int(tokenizer.pad_token_id)
+    main = rank() == 0
+
+    # -- fresh start or resume
+    state: dict[str, Any] = {"step": 0, "data_position": 0, "history": []}
+    checkpoint = None
+    if resume:
+        checkpoint = latest_checkpoint(out) if resume is True else Path(resume)
+        if checkpoint is not None and not checkpoint.exists():
+            raise CheckpointError(f"checkpoint {checkpoint} not found")
+    if checkpoint is not None:
+        state = load_checkpoint(engine, checkpoint)
+        with engine.gathered():
+            backend.sync_weights(policy_model)
+    elif main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
+        for stale in ("checkpoints", "rollouts", "final"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+    history: list[dict[str, Any]] = list(state["history"])
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(out / "metrics.jsonl", history, mode="w")  # drop lines past the checkpoint
+
+    bar = tqdm(total=rl.steps, initial=state["step"], disable=not (progress and main), desc="rl", unit="step")
+    started = time.monotonic()
+    step, position, stopped_by, last_checkpoint = state["step"], state["data_position"], "steps", checkpoint
+    while step < rl.steps:
+        step += 1
+        t_step = time.monotonic()
+        # -- questions of this step (every rank draws the same global batch, takes its slice)
+        global_idx = question_indices(len(train), position, rl.questions_per_step * world_size(), rl.seed)
+        position += len(global_idx)
+        mine = global_idx[rank() * rl.questions_per_step:(rank() + 1) * rl.questions_per_step]
+        questions: list[Example] = [train[i] for i in mine]
+
+        # -- rollouts (eval mode; ZeRO-3 gathers the full weights for the sampler)
+        policy_model.eval()
+        t_roll = time.monotonic()
+        token_policy = TokenPolicy(backend, tokenizer, gen, stops, max_tokens=max_tokens,
+                                   seed=step_seed(rl.seed, step, rank()))
+        with engine.gathered(), torch.no_grad():
+            episodes = envs.rollout(env_factory, token_policy, [q for q in questions for _ in range(rl.group_size)],
+                                    layout.database)
+        rollout_s = time.monotonic() - t_roll
+        scored = [recipe(ep.trajectory(), settings) for ep in episodes]
+        trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, max_tokens)
+                 for i, (ep, r) in enumerate(zip(episodes, scored))]
+        adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
+                               scale_std=rl.algorithm != "dr_grpo")
+
+        # -- optimisation (train mode, dropout off)
+        policy_model.train()
+        slices = [slice(i, i + rl.micro_batch_size) for i in range(0, n_seq, rl.micro_batch_size)]
+        batches = [collate(trajs[s], adv[s], pad_id, torch.device(device)) for s in slices]
+        num_tokens = float(sum(b["loss_mask"].sum() for b in batches))
+        with torch.no_grad():
+            old = [token_logprobs(engine, b["input_ids"], b["attention_mask"], gen.temperature) for b in batches]
+            refs = [token_logprobs(reference, b["input_ids"], b["attention_mask"], gen.temperature)
+                    if reference is not None else None for b in batches]
+        stats_sum: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0}
+        lr = engine.lr  # the rate of this step's (first) update
+        for _ in range(rl.updates_per_batch):
+            for b, old_logp, ref_logp in zip(batches, old, refs):
+                loss, stats = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
+                                               num_sequences=n_seq, num_tokens=num_tokens, max_tokens=budget_tokens)
+                engine.backward(loss)
+                engine.step()
+                stats_sum["loss"] += float(loss.detach()) / rl.updates_per_batch
+                for key in ("clip_frac", "kl", "ratio"):
+                    stats_sum[key] += stats[key] * stats["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
+            with engine.gathered():
+                backend.sync_weights(policy_model)
+
+        # -- metrics
+        totals = np.array([t.reward for t in trajs])
+        sampled = np.array([t.sampled_tokens for t in trajs])
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward/mean": float(totals.mean()),
+            "reward/std": float(totals.std()),
+            **{f"reward/{c}": float(np.mean([r.components[c] for r in scored])) for c in recipe.components},
+            "ex": float(np.mean([ep.correct for ep in episodes])),
+            **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in episodes]))
+               for t in range(1, max_turns + 1)},
+            "turns/mean": float(np.mean([ep.K for ep in episodes])),
+            "response_tokens/mean": float(sampled.mean()),
+            "sequence_tokens/mean": float(np.mean([len(t.input_ids) for t in trajs])),
+            "truncated": float(np.mean([t.truncated for t in trajs])),
+            "loss": stats_sum["loss"],
+            "kl": stats_sum["kl"],
+            "clip_frac": stats_sum["clip_frac"],
+            "ratio": stats_sum["ratio"],
+            "grad_norm": engine.grad_norm,
+            "lr": lr,
+            "tokens_per_s": float(sampled.sum() / max(rollout_s, 1e-9)),
+            "rollout_s": rollout_s,
+        }
+        if gen.temperature == 1.0:  # the sampler reports temperature-1 log-probs
+            gaps = [((o - b["sampler_logp"]).abs() * b["loss_mask"]).sum() for o, b in zip(old, batches)]
+            metrics["logprob_gap"] = float(sum(gaps) / max(num_tokens, 1.0))
+        metrics["step_s"] = time.monotonic() - t_step
+        metrics["trajectories_per_s"] = len(trajs) / max(metrics["step_s"], 1e-9)
+        history.append(metrics)
+        if main:
+            _write_jsonl(out / "metrics.jsonl", [metrics])
+            if rl.save_rollouts:
+                name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
+                _write_jsonl(out / "rollouts" / name,
+                             [_episode_record(ep, t, r) for ep, t, r in zip(episodes, trajs, scored)], mode="w")
+            if on_step is not None:
+                on_step(step, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}",
+                            loss=f"{metrics['loss']:.4f}")
+
+        # -- stop on the time budget (after finishing the step), checkpoint
+        out_of_time = _all_ranks_agree(time.monotonic() - started > rl.max_minutes * 60)
+        if out_of_time and step < rl.steps:
+            stopped_by = "time"
+        if step % rl.checkpoint_every == 0 or step == rl.steps or out_of_time:
+            last_checkpoint = save_checkpoint(engine, out, step, {"data_position": position, "history": history},
+                                              rl.keep_checkpoints)
+        if out_of_time:
+            break
+    bar.close()
+
+    final = out / "final"
+    policy_model.eval()
+    engine.save_pretrained(final, tokenizer)
+    if main:
+        summary = {"steps": step, "stopped_by": stopped_by, "engine": engine.kind, "zero_stage": engine.zero_stage,
+                   "rl": rl.model_dump(), "last": history[-1] if history else {}}
+        (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+    return RLResult(out, final, step, stopped_by, history, last_checkpoint)

@@ -1,0 +1,167 @@
+"""Metric aggregation, the Table 8 ODT analysis, and the report / plot writers."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from progress_sql.config import EvalSettings
+from progress_sql.eval import plots, reports
+from progress_sql.eval.analysis import CATEGORIES, categories_of, mismatch_rates, prediction_tags
+from progress_sql.eval.metrics import Outcome, flatten, mean, mode_metrics, pass_metrics, rate
+from progress_sql.odt import TAGS
+
+
+def outcome(ex, ts=None, executed=True, well_formed=True, tokens=10.0, hardness="easy", difficulty=""):
+    return Outcome(ex, ts, executed, well_formed, tokens, hardness, difficulty)
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_rate_and_mean_ignore_missing_values():
+    assert rate([True, None, False, True]) == pytest.approx(2 / 3)
+    assert rate([None, None]) is None and mean([]) is None
+    assert mean([1.0, 2.0, 6.0]) == 3.0
+
+
+def test_mode_metrics_counts_rates_and_hardness_breakdown():
+    outcomes = [
+        outcome(True, ts=True, hardness="easy", tokens=10),
+        outcome(True, ts=False, hardness="easy", tokens=20),
+        outcome(False, ts=None, executed=False, well_formed=False, hardness="hard", tokens=30),
+        outcome(False, ts=False, hardness="medium", tokens=40),
+    ]
+    m = mode_metrics(outcomes)
+    assert (m["n"], m["ex"], m["ts"], m["ts_n"]) == (4, 0.5, pytest.approx(1 / 3), 3)
+    assert (m["exec_rate"], m["format_rate"], m["mean_response_tokens"]) == (0.75, 0.75, 25.0)
+    assert list(m["by_hardness"]) == ["easy", "medium", "hard", "extra"]
+    assert m["by_hardness"]["easy"] == {"n": 2, "ex": 1.0, "ts": 0.5}
+    assert m["by_hardness"]["hard"] == {"n": 1, "ex": 0.0, "ts": None}
+    assert m["by_hardness"]["extra"] == {"n": 0, "ex": None, "ts": None}
+    assert "by_difficulty" not in m  # no dataset labels: no breakdown
+
+
+def test_mode_metrics_reports_dataset_difficulty_in_bird_order_and_unknown_hardness():
+    outcomes = [outcome(True, difficulty="challenging"), outcome(False, difficulty="simple"),
+                outcome(True, difficulty="simple", hardness="weird")]
+    m = mode_metrics(outcomes)
+    assert list(m["by_difficulty"]) == ["simple", "challenging"]
+    assert m["by_difficulty"]["simple"] == {"n": 2, "ex": 0.5, "ts": None}
+    assert m["by_hardness"]["weird"]["n"] == 1  # an unexpected label is kept, not dropped
+    assert m["ts"] is None and m["ts_n"] == 0
+
+
+def test_pass_metrics_and_flatten():
+    p = pass_metrics([1.0, 0.5, 0.0], ["easy", "easy", "extra"])
+    assert p["ex"] == 0.5 and p["by_hardness"]["easy"] == {"n": 2, "ex": 0.75}
+    assert p["by_hardness"]["medium"] == {"n": 0, "ex": None}
+    with pytest.raises(ValueError):
+        pass_metrics([1.0], [])
+    flat = flatten({"dev": {"n": 3, "greedy": {"ex": 0.5, "ts": None, "by_hardness": {"easy": {"ex": 1}}},
+                            "note": "x", "flag": True}})
+    assert flat == {"dev/n": 3.0, "dev/greedy/ex": 0.5, "dev/greedy/by_hardness/easy/ex": 1.0}
+
+
+# ----------------------------------------------------------------------------- Table 8
+def test_categories_cover_the_paper_examples_and_only_known_tags():
+    assert categories_of(["SELECT_ERROR", "JOIN_MISSING", "GROUP_BY_ERROR"]) == {"select", "join", "group"}
+    assert categories_of(["ORDER_BY_MISSING", "LIMIT_MISMATCH"]) == set()
+    assert all(tag in TAGS for members in CATEGORIES.values() for tag in members)
+
+
+def test_prediction_tags_from_real_odt_comparisons():
+    gold = "SELECT T1.name FROM student AS T1 JOIN department AS T2 ON T1.dept_id = T2.dept_id WHERE T2.budget > 700"
+    assert categories_of(prediction_tags(gold, gold)) == set()
+    no_where = "SELECT T1.name FROM student AS T1 JOIN department AS T2 ON T1.dept_id = T2.dept_id"
+    assert "WHERE_MISSING" in prediction_tags(no_where, gold)
+    no_join = "SELECT name FROM student WHERE age > 20"
+    assert {"join", "where"} <= categories_of(prediction_tags(no_join, gold))
+    wrong_select = "SELECT T1.age FROM student AS T1 JOIN department AS T2 ON T1.dept_id = T2.dept_id WHERE T2.budget > 700"
+    assert categories_of(prediction_tags(wrong_select, gold)) == {"select"}
+    assert prediction_tags(None, gold) == ("PARSE_ERROR",)
+    assert prediction_tags("SELEC name FROM (", gold) == ("PARSE_ERROR",)
+
+
+def test_mismatch_rates_over_profiled_predictions():
+    tags = [(), ("SELECT_ERROR", "WHERE_ERROR"), ("JOIN_MISSING",), ("PARSE_ERROR",), ("GOLD_UNAVAILABLE",)]
+    r = mismatch_rates(tags)
+    assert (r["n"], r["n_profiled"], r["gold_unavailable"]) == (5, 3, 1)
+    assert (r["select"], r["join"], r["where"], r["group"]) == (pytest.approx(1 / 3),) * 3 + (0.0,)
+    assert r["avg"] == pytest.approx(0.25)
+    assert r["parse_error_rate"] == 0.25
+    empty = mismatch_rates([("PARSE_ERROR",)])
+    assert empty["avg"] is None and empty["select"] is None and empty["parse_error_rate"] == 1.0
+
+
+# ----------------------------------------------------------------------------- reports
+def _metrics() -> dict:
+    def mode(ex, ts, **extra):
+        return {"n": 4, "ex": ex, "ts": ts, "ts_n": 4 if ts is not None else 0, "exec_rate": 1.0, "format_rate": 0.75,
+                "mean_response_tokens": 12.5,
+                "by_hardness": {"easy": {"n": 2, "ex": ex, "ts": ts}, "medium": {"n": 2, "ex": ex, "ts": ts},
+                                "hard": {"n": 0, "ex": None, "ts": None}, "extra": {"n": 0, "ex": None, "ts": None}},
+                **extra}
+    odt = {"n": 4, "n_profiled": 4, "select": 0.25, "join": 0.5, "where": 0.0, "group": 0.25, "avg": 0.25,
+           "parse_error_rate": 0.0, "gold_unavailable": 0}
+    return {
+        "dev": {"n": 4, "greedy": mode(0.5, 0.25), "odt_mismatch": odt,
+                "vote_at_8": mode(0.75, 0.5, mean_votes=5.0, all_invalid_rate=0.0),
+                "pass_at_8": {"n": 4, "ex": 1.0, "by_hardness": {"easy": {"n": 2, "ex": 1.0}}},
+                "gold_errors": 0, "prompt_too_long": 0},
+        "dk": {"n": 4, "greedy": mode(0.25, None), "odt_mismatch": odt, "gold_errors": 0, "prompt_too_long": 0},
+    }
+
+
+def test_markdown_report_has_the_paper_table_shapes():
+    text = reports.markdown_report("tiny", _metrics(), EvalSettings(), notes=["dk: no neighbours"])
+    assert "| Model | Decoding | Dev EX | Dev TS |" in text
+    assert "| tiny | Greedy | 50.0 | 25.0 |" in text and "| tiny | Vote@8 | 75.0 | 50.0 |" in text
+    assert "| Model | Decoding | DK EX |" in text and "DK TS" not in text  # TS absent there: column dropped
+    assert "| tiny | Dev | 25.0 | 50.0 | 0.0 | 25.0 | 25.0 | 4 | 0.0 |" in text  # Table 8 row
+    assert "| Decoding | Metric | easy (n=2) | medium (n=2) | hard (n=0) | extra (n=0) | All (n=4) |" in text
+    assert "| Greedy | EX | 50.0 | 50.0 | – | – | 50.0 |" in text
+    assert "| Dev | Pass@8 | 100.0 |" in text and "- dk: no neighbours" in text
+    assert "Table 9:" not in text  # no BIRD difficulty labels in these metrics
+    m = _metrics()
+    m["dev"]["greedy"]["by_difficulty"] = {"simple": {"n": 3, "ex": 1.0, "ts": None},
+                                           "challenging": {"n": 1, "ex": 0.0, "ts": None}}
+    text = reports.markdown_report("tiny", m, EvalSettings(vote_k=0, pass_k=0))
+    assert "| Decoding | Metric | simple (n=3) | challenging (n=1) | All (n=4) |" in text
+    assert "Table 9:" in text and "Vote@" not in text.split("##")[0]
+
+
+def test_mode_labels_and_plot_rows():
+    assert [reports.mode_label(k) for k in ("greedy", "vote_at_8", "pass_at_4", "multi_turn")] == [
+        "Greedy", "Vote@8", "Pass@4", "Multi-turn"]
+    rows = reports.hardness_rows(_metrics())
+    assert {r["group"] for r in rows} >= {"dev Greedy easy", "dev Vote@8 medium", "dk Greedy easy"}
+    assert all(r["n"] > 0 for r in rows)  # empty levels are not plotted
+    rob = reports.robustness_rows(_metrics())
+    assert [(r["split"], r["decoding"], r["ex"]) for r in rob] == [
+        ("dev", "Greedy", 0.5), ("dev", "Vote@8", 0.75), ("dk", "Greedy", 0.25)]
+
+
+def test_writers_produce_json_csv_and_png(tmp_path: Path):
+    m = _metrics()
+    reports.write_json(tmp_path / "m.json", m)
+    assert json.loads((tmp_path / "m.json").read_text()) == m
+    with pytest.raises(ValueError):
+        reports.write_json(tmp_path / "nan.json", {"x": float("nan")})
+    reports.write_csv(tmp_path / "r.csv", reports.robustness_rows(m), reports.ROBUSTNESS_COLUMNS)
+    with (tmp_path / "r.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows[2] == {"group": "dk Greedy", "split": "dk", "decoding": "Greedy", "ex": "0.25", "ts": ""}
+    for fn, data in ((plots.plot_hardness, reports.hardness_rows(m)), (plots.plot_robustness, reports.robustness_rows(m)),
+                     (plots.plot_hardness, [])):
+        path = fn(data, tmp_path / f"{fn.__name__}-{len(data)}.png")
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporaries
+
+
+def test_mlflow_keys_are_sanitised_and_nothing_is_logged_without_a_run(tmp_path):
+    assert reports.mlflow_key("dev/vote@8/by_difficulty/very hard?") == "dev/vote_8/by_difficulty/very hard_"
+    mlflow = pytest.importorskip("mlflow")
+    assert mlflow.active_run() is None
+    assert reports.log_to_mlflow({"dev/greedy/ex": 1.0}, []) is False

@@ -1,0 +1,204 @@
+"""The Prefect flows (flows/pipeline.py) run in-process against a temporary Prefect server
+(``prefect_test_harness``) with a tiny configuration: the whole training pipeline end to end
+into a temporary MLflow store, the published artifacts, the failure paths, the deployments
+flows/serve.py builds. The real served deployment is tested in test_prefect_deployment.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+pytest.importorskip("torch")
+
+from conftest import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO))  # the flows/ folder sits beside src/, outside the package
+
+from flows.local_stack import tiny_overrides  # noqa: E402
+from flows.pipeline import (  # noqa: E402
+    StageFailed,
+    evaluate_model,
+    promote_model,
+    training_pipeline,
+    validate_data,
+)
+from progress_sql.config import settings_from_dict  # noqa: E402
+
+PARAMS = str(REPO / "params.yaml")
+STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}  # the stages that log to MLflow
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """A temporary Prefect server for the module; MLflow's URI comes from the settings only."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect-home")))
+    patch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    patch.setenv("DO_NOT_TRACK", "true")
+    patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI, which outranks the settings:
+    # setenv first so that undo() removes what MLflow leaves behind.
+    patch.setenv("MLFLOW_TRACKING_URI", "")
+    try:
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
+    finally:
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def pipeline(prefect_api, tmp_path_factory):
+    """One tiny training-pipeline run: (root folder, overrides, final state)."""
+    root = tmp_path_factory.mktemp("pipeline")
+    overrides = tiny_overrides(root)
+    state = training_pipeline(params=PARAMS, overrides=overrides, reports=str(root / "reports"), return_state=True)
+    return root, overrides, state
+
+
+def _client(overrides: dict[str, Any]):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(overrides["tracking.tracking_uri"])
+
+
+def _artifact(key: str, flow_run_id) -> Any:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                      flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert len(found) == 1, f"expected one '{key}' artifact of flow run {flow_run_id}, found {len(found)}"
+    return found[0]
+
+
+# ----------------------------------------------------------------------------- the whole pipeline
+@pytest.mark.slow
+def test_training_pipeline_runs_every_stage_and_crowns_the_first_version(pipeline):
+    root, overrides, state = pipeline
+    assert state.is_completed(), state.message
+    decision = state.result()
+    assert decision["model"] == "progress-sql-policy" and decision["version"] == 1
+    assert decision["promoted"] and decision["champion_version"] == 1, decision
+    assert decision["gate_metric"] == "dev/greedy/ex" and 0.0 <= decision["gate_value"] <= 1.0
+    # Every stage left what its CLI command leaves.
+    assert (root / "corpus" / "manifest.json").is_file()
+    assert json.loads((root / "reports" / "data" / "validation.json").read_text())["success"] is True
+    assert (root / "tiny" / "config.json").is_file() and (root / "sft" / "config.json").is_file()
+    assert (root / "rl" / "final" / "config.json").is_file()
+    assert json.loads((root / "reports" / "train" / "rl.json").read_text())["rl/steps"] == 1
+    assert "dev" in json.loads((root / "eval" / "metrics.json").read_text())
+    registry = json.loads((root / "reports" / "registry.json").read_text())
+    assert registry["version"] == 1 and registry["promoted"] is True
+    assert int(_client(overrides).get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
+
+
+@pytest.mark.slow
+def test_the_mlflow_pipeline_run_is_the_prefect_flow_run_and_stages_nest_under_it(pipeline):
+    _, overrides, state = pipeline
+    client = _client(overrides)
+    experiment = client.get_experiment_by_name("progress-sql")
+    runs = client.search_runs([experiment.experiment_id])
+    flow_run_id = str(state.state_details.flow_run_id)
+    parents = [r for r in runs if r.data.tags.get("prefect.flow_run_id") == flow_run_id]
+    assert len(parents) == 1, [r.data.tags for r in runs]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_name"] == "training-pipeline"
+    assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")  # the UI's route
+    assert parent.data.params["rl.steps"] == "1"  # the overridden settings are the run's params
+    assert "dev/greedy/ex" in parent.data.metrics
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert {r.data.tags["progress_sql.stage"] for r in children} == STAGES
+    assert all(r.info.status == "FINISHED" for r in children)
+    # The registered version comes from the register stage of this pipeline run.
+    version = client.get_model_version("progress-sql-policy", "1")
+    assert version.run_id in {r.info.run_id for r in children}
+
+
+@pytest.mark.slow
+def test_the_evaluation_and_validation_reports_are_published_as_markdown_artifacts(pipeline):
+    root, _, state = pipeline
+    flow_run_id = state.state_details.flow_run_id
+    evaluation = _artifact("evaluation", flow_run_id)
+    assert evaluation.type == "markdown"
+    assert evaluation.data == (root / "eval" / "report.md").read_text(encoding="utf-8")
+    assert "| Dev | Greedy | 4 |" in evaluation.data  # the table's row: split, decoding, examples
+    assert "dev/greedy/ex" in evaluation.description
+    validation = _artifact("data-validation", flow_run_id)
+    assert validation.data == (root / "reports" / "data" / "validation.md").read_text(encoding="utf-8")
+    assert "PASSED" in validation.data
+    registry = _artifact("registry", flow_run_id)
+    assert "| progress-sql-policy | 1 |" in registry.data and "promoted" in registry.data
+
+
+@pytest.mark.slow
+def test_evaluate_model_loads_the_champion_through_the_registry(pipeline):
+    _, overrides, _ = pipeline
+    state = evaluate_model(params=PARAMS, overrides=overrides, return_state=True)
+    assert state.is_completed(), state.message
+    metrics = state.result()
+    assert 0.0 <= metrics["dev/greedy/ex"] <= 1.0
+    # The champion was downloaded into the model cache as version 1 and evaluated from there.
+    assert (Path(overrides["tracking.model_cache_dir"]) / "progress-sql-policy" / "v1").is_dir()
+
+
+@pytest.mark.slow
+def test_promote_model_moves_the_champion_alias_by_hand(pipeline):
+    from progress_sql import tracking
+
+    root, overrides, _ = pipeline
+    settings = settings_from_dict({}, overrides=overrides)
+    second = tracking.register_model(root / "sft", settings=settings)  # another real policy
+    assert second == 2
+    state = promote_model(version=second, params=PARAMS, overrides=overrides, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result() == {"model": "progress-sql-policy", "version": 2, "previous_champion": 1}
+    assert int(_client(overrides).get_model_version_by_alias("progress-sql-policy", "champion").version) == 2
+
+
+# ----------------------------------------------------------------------------- failures
+@pytest.mark.parametrize("override, message", [
+    ({"rl.group_size": 1}, "rl.group_size: Input should be greater than or equal to 2"),
+    ({"rl.grup_size": 4}, "rl.grup_size: unknown key"),
+])
+def test_a_bad_override_fails_the_run_at_once_with_the_settings_message(prefect_api, tmp_path, override, message):
+    overrides = {**tiny_overrides(tmp_path), **override}
+    state = training_pipeline(params=PARAMS, overrides=overrides, reports=str(tmp_path / "reports"), return_state=True)
+    assert state.is_failed()
+    assert message in state.message
+    assert not (tmp_path / "corpus").exists() and not (tmp_path / "mlruns").exists()  # nothing ran
+
+
+def test_a_corpus_that_fails_validation_stops_with_every_failed_expectation(prefect_api, tmp_path):
+    from progress_sql.data.build import build_corpus
+
+    settings = settings_from_dict({}, overrides=tiny_overrides(tmp_path))
+    build_corpus(settings, tmp_path / "corpus", progress=False)
+    dev_db = json.loads((tmp_path / "corpus" / "dev.jsonl").read_text().splitlines()[0])["db_id"]
+    shutil.rmtree(tmp_path / "corpus" / "databases" / dev_db)
+    with pytest.raises(StageFailed, match="corpus validation failed") as failed:
+        validate_data(settings, str(tmp_path / "corpus"), str(tmp_path / "reports"))
+    assert "database file exists" in str(failed.value)
+    assert json.loads((tmp_path / "reports" / "validation.json").read_text())["success"] is False
+
+
+def test_serve_builds_the_three_deployments_from_the_flow_file(monkeypatch):
+    from flows.serve import DEPLOYMENTS, deployments
+
+    monkeypatch.chdir(REPO)  # entrypoints are relative to the working directory, as when serving
+    built = {d.name: d for d in deployments()}
+    assert tuple(built) == DEPLOYMENTS
+    assert built["training-pipeline"].entrypoint == "flows/pipeline.py:training_pipeline"
+    assert built["evaluate-model"].entrypoint == "flows/pipeline.py:evaluate_model"
+    assert built["promote-model"].entrypoint == "flows/pipeline.py:promote_model"
+    assert all(d.tags == ["progress-sql"] for d in built.values())

@@ -1,0 +1,276 @@
+"""Generation backends: sampled ids, their logprobs, stop strings, determinism, batching."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.train.generation import (  # noqa: E402
+    BackendUnavailable,
+    ChatPolicy,
+    GenerationBackend,
+    Sample,
+    TransformersBackend,
+    VLLMBackend,
+    _top_p_filter,
+    completes_stop,
+    make_backend,
+    stop_index,
+)
+from progress_sql.train.policy import chat_prompt_ids  # noqa: E402
+from progress_sql.train.tiny import tiny_config, train_tokenizer  # noqa: E402
+
+TINY = {"vocab_size": 400, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+        "intermediate_size": 128, "max_position_embeddings": 256}
+TEXTS = [
+    "SELECT name FROM ward WHERE floor > 2 ORDER BY beds DESC LIMIT 3",
+    "<think>Tables: ward. Filter: floor > 2. Output: name.</think>\n<sql>SELECT name FROM ward</sql>",
+    "What are the names of wards on floors above 2? Which doctors work in ward 3?",
+    "Feedback: your previous SQL has structural issues: WHERE_MISSING. Revise your previous answer.",
+] * 20
+QUESTION = [{"role": "user", "content": "Which wards are there?"}]
+ANSWER = "<think>Tables: ward.</think>\n<sql>SELECT name FROM ward</sql>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS, TINY["vocab_size"])
+
+
+def _model(tokenizer, seed=0):
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(tiny_config(settings_from_dict({"model": TINY}), tokenizer))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.set_num_threads(2)
+    return _model(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def parrot(tokenizer):
+    """A model overfit on one conversation: greedy decoding replays ANSWER then <|im_end|>."""
+    model = _model(tokenizer, seed=1)
+    prompt = chat_prompt_ids(tokenizer, QUESTION)
+    target = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + target])
+    labels = torch.tensor([[-100] * len(prompt) + target])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(60):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+    model.eval()
+    out = TransformersBackend(model, tokenizer).generate([prompt], temperature=0, max_new_tokens=40)[0][0]
+    assert out.text == ANSWER, "the parrot did not learn its line"
+    return model
+
+
+def _prompts(tokenizer):
+    return [tokenizer.encode("SELECT name FROM"), tokenizer.encode("<think>Tables: ward and the doctors")]
+
+
+# ----------------------------------------------------------------------------- samples
+def test_samples_per_prompt_decode_and_carry_logprobs(model, tokenizer):
+    backend = TransformersBackend(model, tokenizer, batch_size=4)
+    assert isinstance(backend, GenerationBackend)
+    prompts = _prompts(tokenizer)
+    out = backend.generate(prompts, n=3, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=0)
+    assert [len(row) for row in out] == [3, 3]  # n samples per prompt, batch_size < total
+    for prompt, row in zip(prompts, out):
+        for s in row:
+            assert isinstance(s, Sample) and s.prompt_ids == prompt
+            assert 1 <= len(s.token_ids) <= 12 and len(s.logprobs) == len(s.token_ids)
+            ids = s.token_ids[:-1] if s.finish_reason == "eos" else s.token_ids
+            assert s.text == tokenizer.decode(ids, skip_special_tokens=False)
+            assert s.finish_reason in ("eos", "length")
+            assert all(lp <= 0 for lp in s.logprobs)
+    assert len({tuple(s.token_ids) for row in out for s in row}) > 1  # sampling, not a constant
+
+
+def test_logprobs_equal_a_fresh_forward_pass_on_the_sampled_ids(model, tokenizer):
+    """Training on the sampled ids recomputes exactly the logprobs the sampler reported."""
+    backend = TransformersBackend(model, tokenizer, batch_size=8)
+    out = backend.generate(_prompts(tokenizer), n=2, temperature=1.3, top_p=0.9, max_new_tokens=10, seed=3)
+    for s in (s for row in out for s in row):
+        ids = torch.tensor([s.prompt_ids + s.token_ids])
+        with torch.no_grad():
+            logp = model(ids).logits[0].float().log_softmax(-1)
+        start = len(s.prompt_ids) - 1
+        fresh = [logp[start + k, t].item() for k, t in enumerate(s.token_ids)]
+        assert max(abs(a - b) for a, b in zip(fresh, s.logprobs)) < 1e-4
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(model, tokenizer):
+    a, b = _prompts(tokenizer)
+    wide = TransformersBackend(model, tokenizer, batch_size=8)
+    narrow = TransformersBackend(model, tokenizer, batch_size=1)
+    kwargs = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=8)
+    first = wide.generate([a, b], seed=7, **kwargs)
+    assert [[s.token_ids for s in row] for row in first] == [[s.token_ids for s in row] for row in wide.generate([a, b], seed=7, **kwargs)]
+    # prompt a has sample seeds 0 and 1 in both calls: same samples, with or without b beside it
+    assert [s.token_ids for s in narrow.generate([a], seed=7, **kwargs)[0]] == [s.token_ids for s in first[0]]
+    other = wide.generate([a, b], seed=8, **kwargs)
+    assert [s.token_ids for row in other for s in row] != [s.token_ids for row in first for s in row]
+
+
+def test_unseeded_sampling_follows_torch_manual_seed(model, tokenizer):
+    backend = TransformersBackend(model, tokenizer)
+    torch.manual_seed(11)
+    one = backend.generate(_prompts(tokenizer), temperature=1.0, max_new_tokens=6)
+    torch.manual_seed(11)
+    two = backend.generate(_prompts(tokenizer), temperature=1.0, max_new_tokens=6)
+    assert [r[0].token_ids for r in one] == [r[0].token_ids for r in two]
+
+
+def test_greedy_is_deterministic_and_batched_equals_unbatched(model, tokenizer):
+    prompts = _prompts(tokenizer) + [tokenizer.encode("Which doctors")]
+    batched = TransformersBackend(model, tokenizer, batch_size=8).generate(prompts, temperature=0, max_new_tokens=10)
+    again = TransformersBackend(model, tokenizer, batch_size=8).generate(prompts, temperature=0, max_new_tokens=10, seed=99)
+    single = [TransformersBackend(model, tokenizer, batch_size=1).generate([p], temperature=0, max_new_tokens=10)[0]
+              for p in prompts]
+    assert [r[0].token_ids for r in batched] == [r[0].token_ids for r in again] == [r[0].token_ids for r in single]
+    for prompt, row in zip(prompts, batched):  # greedy = argmax of the model at each step
+        s = row[0]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + s.token_ids])).logits[0]
+        assert logits[len(prompt) - 1:-1].argmax(-1).tolist() == s.token_ids
+
+
+def test_identical_prompts_share_a_prefill_but_not_their_samples(model, tokenizer):
+    a = _prompts(tokenizer)[0]
+    out = TransformersBackend(model, tokenizer).generate([a, a], n=2, temperature=1.0, max_new_tokens=8, seed=1)
+    alone = TransformersBackend(model, tokenizer).generate([a], n=4, temperature=1.0, max_new_tokens=8, seed=1)
+    assert [s.token_ids for row in out for s in row] == [s.token_ids for s in alone[0]]
+
+
+def test_tiny_top_p_is_greedy_and_the_nucleus_keeps_the_head():
+    probs = torch.tensor([[0.125, 0.5, 0.25, 0.125]])  # exact in binary
+    assert _top_p_filter(probs, 0.6).tolist() == [[0.0, 0.5, 0.25, 0.0]]
+    assert _top_p_filter(probs, 1e-9).tolist() == [[0.0, 0.5, 0.0, 0.0]]
+    assert torch.equal(_top_p_filter(probs, 1.0), probs)
+
+
+def test_tiny_top_p_sampling_equals_greedy(model, tokenizer):
+    backend = TransformersBackend(model, tokenizer)
+    greedy = backend.generate(_prompts(tokenizer), temperature=0, max_new_tokens=8)
+    nucleus = backend.generate(_prompts(tokenizer), temperature=1.0, top_p=1e-6, max_new_tokens=8, seed=4)
+    assert [r[0].token_ids for r in greedy] == [r[0].token_ids for r in nucleus]
+
+
+def test_bad_arguments_are_refused(model, tokenizer):
+    backend = TransformersBackend(model, tokenizer)
+    with pytest.raises(ValueError):
+        backend.generate([[]], temperature=1.0, max_new_tokens=4)
+    with pytest.raises(ValueError):
+        backend.generate(_prompts(tokenizer), temperature=-1.0, max_new_tokens=4)
+    with pytest.raises(ValueError):
+        backend.generate(_prompts(tokenizer), n=0, temperature=1.0, max_new_tokens=4)
+    assert backend.generate([], temperature=1.0, max_new_tokens=4) == []
+
+
+# ----------------------------------------------------------------------------- stopping
+def test_stop_index_finds_the_token_completing_a_stop_string(tokenizer):
+    ids = tokenizer.encode("<think>Tables: ward.</think>\n<sql>SELECT name FROM ward</sql>", add_special_tokens=False)
+    tokens = [tokenizer.decode([i]) for i in ids]
+    assert stop_index(tokenizer, ids, ["</think>"]) == tokens.index("</think>")
+    assert stop_index(tokenizer, ids, ["</sql>", "</think>"]) == tokens.index("</think>")  # the first to complete
+    assert stop_index(tokenizer, ids, ["nowhere"]) is None
+    assert stop_index(tokenizer, ids, []) is None
+    # a stop string spanning tokens and ending inside one: the token holding its end
+    i = stop_index(tokenizer, ids, ["ECT na"])
+    assert "ECT na" in tokenizer.decode(ids[: i + 1]) and "ECT na" not in tokenizer.decode(ids[:i])
+    assert completes_stop(tokenizer, ids[: i + 1], ["ECT na"]) and not completes_stop(tokenizer, ids[:i], ["ECT na"])
+
+
+def test_stop_strings_truncate_generation_after_the_completing_token(parrot, tokenizer):
+    backend = TransformersBackend(parrot, tokenizer)
+    prompt = chat_prompt_ids(tokenizer, QUESTION)
+    full = backend.generate([prompt], temperature=0, max_new_tokens=40)[0][0]
+    assert full.finish_reason == "eos" and full.token_ids[-1] == tokenizer.eos_token_id
+    assert full.text == ANSWER and "<|im_end|>" not in full.text
+
+    think = backend.generate([prompt], temperature=0, max_new_tokens=40, stop=["</think>"])[0][0]
+    assert think.finish_reason == "stop" and think.text == "<think>Tables: ward.</think>"
+    assert think.token_ids == full.token_ids[: len(think.token_ids)]
+    assert len(think.logprobs) == len(think.token_ids)
+
+    cut = backend.generate([prompt], temperature=0, max_new_tokens=40, stop=["name FR"])[0][0]
+    i = stop_index(tokenizer, full.token_ids, ["name FR"])
+    assert cut.finish_reason == "stop" and cut.token_ids == full.token_ids[: i + 1]
+    assert "name FR" in cut.text and cut.text == tokenizer.decode(cut.token_ids)
+
+    short = backend.generate([prompt], temperature=0, max_new_tokens=3, stop=["</sql>"])[0][0]
+    assert short.finish_reason == "length" and short.token_ids == full.token_ids[:3]
+
+
+def test_each_sequence_of_a_batch_stops_on_its_own(parrot, tokenizer):
+    backend = TransformersBackend(parrot, tokenizer, batch_size=4)
+    prompt = chat_prompt_ids(tokenizer, QUESTION)
+    other = tokenizer.encode("Which doctors")
+    out = backend.generate([other, prompt, other], temperature=0, max_new_tokens=20, stop=["</think>"])
+    assert out[1][0].text == "<think>Tables: ward.</think>"
+    alone = backend.generate([other], temperature=0, max_new_tokens=20, stop=["</think>"])[0][0]
+    assert out[0][0].token_ids == out[2][0].token_ids == alone.token_ids
+
+
+# ----------------------------------------------------------------------------- policy, sync, factory
+def test_chat_policy_renders_conversations_and_returns_samples(parrot, tokenizer):
+    backend = TransformersBackend(parrot, tokenizer)
+    policy = ChatPolicy(backend, tokenizer, temperature=0, max_new_tokens=40, max_prompt_tokens=64)
+    too_long = [{"role": "user", "content": "ward " * 200}]
+    out = policy.generate([QUESTION, too_long])
+    assert out[0].prompt_ids == chat_prompt_ids(tokenizer, QUESTION) and out[0].text == ANSWER
+    assert out[1].token_ids == [] and out[1].text == "" and out[1].finish_reason == "length"
+
+
+def test_chat_policy_advances_its_seed_per_call(model, tokenizer):
+    policy = ChatPolicy(TransformersBackend(model, tokenizer), tokenizer, temperature=1.0, max_new_tokens=8, seed=5)
+    first, second = policy.generate([QUESTION]), policy.generate([QUESTION])
+    direct = TransformersBackend(model, tokenizer).generate([chat_prompt_ids(tokenizer, QUESTION)], temperature=1.0,
+                                                            max_new_tokens=8, seed=6)
+    assert second[0].token_ids == direct[0][0].token_ids != first[0].token_ids
+
+
+def test_sync_weights_copies_the_trained_model(model, parrot, tokenizer):
+    student = _model(tokenizer, seed=5)
+    backend = TransformersBackend(student, tokenizer)
+    prompt = chat_prompt_ids(tokenizer, QUESTION)
+    assert backend.generate([prompt], temperature=0, max_new_tokens=20)[0][0].text != ANSWER
+    backend.sync_weights(parrot)
+    assert backend.generate([prompt], temperature=0, max_new_tokens=20)[0][0].text == ANSWER
+    assert backend.model is student  # weights copied, the generating model kept
+
+
+def test_generation_restores_training_mode(model, tokenizer):
+    model.train()
+    try:
+        TransformersBackend(model, tokenizer).generate(_prompts(tokenizer), temperature=0, max_new_tokens=2)
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_make_backend_picks_the_configured_backend(model, tokenizer):
+    backend = make_backend(settings_from_dict({"generation": {"batch_size": 3}}), model, tokenizer)
+    assert isinstance(backend, TransformersBackend) and backend.batch_size == 3
+    with pytest.raises(ValueError, match="model_path"):
+        make_backend(settings_from_dict({"generation": {"backend": "vllm"}}), model, tokenizer)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_vllm_backend_without_vllm_names_the_extra(model, tokenizer, tmp_path):
+    settings = settings_from_dict({"generation": {"backend": "vllm"}})
+    with pytest.raises(BackendUnavailable, match=r"optional extra `vllm`"):
+        VLLMBackend(tmp_path, settings)
+    with pytest.raises(BackendUnavailable, match="vllm"):
+        make_backend(settings, model, tokenizer, tmp_path)

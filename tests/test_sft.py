@@ -1,0 +1,312 @@
+"""SFT warm start: examples (plain and revision), corruptions, masks, training, LoRA, greedy EX."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.data.build import build_corpus  # noqa: E402
+from progress_sql.data.records import CorpusLayout, read_jsonl, write_jsonl  # noqa: E402
+from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402
+from progress_sql.odt import FALLBACK_FEEDBACK, VALUE_MISMATCH, diagnose, feedback_text  # noqa: E402
+from progress_sql.odt.feedback import DB_ENGINE  # noqa: E402
+from progress_sql.rewards.formats import parse_output  # noqa: E402
+from progress_sql.sql import execute, order_matters, results_match  # noqa: E402
+from progress_sql.sql.parse import parse_one  # noqa: E402
+from progress_sql.train import corrupt as C  # noqa: E402
+from progress_sql.train.policy import load_policy  # noqa: E402
+from progress_sql.train.sft import (  # noqa: E402
+    METRICS_FILE,
+    _batches,
+    build_sft_examples,
+    encode_conversation,
+    greedy_ex,
+    load_train_examples,
+    run_sft,
+    schedule_factor,
+    shared_prefix_length,
+    target_text,
+    token_loss,
+)
+from progress_sql.train.tiny import build_tiny_model  # noqa: E402
+
+TINY = {"vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+        "intermediate_size": 128, "max_position_embeddings": 2048}
+CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 60, "dev_size": 10,
+          "test_size": 10, "neighbours": 0}
+
+
+def make_settings(tmp_path, **sft):
+    base = {"init_from": str(tmp_path / "base"), "out_dir": str(tmp_path / "sft"), "batch_size": 8,
+            "lr": 3e-3, "revision_share": 0.5, "max_seq_len": 2048}
+    return settings_from_dict({"data": CORPUS, "model": TINY, "sft": {**base, **sft},
+                               "generation": {"max_new_tokens": 96}})
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("sft")
+    settings = make_settings(root)
+    build_corpus(settings, root / "corpus", progress=False)
+    build_tiny_model(root / "corpus", settings, root / "base")
+    return root
+
+
+@pytest.fixture(scope="module")
+def layout(workdir):
+    return CorpusLayout(workdir / "corpus")
+
+
+@pytest.fixture(scope="module")
+def conversations(workdir, layout):
+    examples = list(read_jsonl(layout.split("train")))
+    return build_sft_examples(examples, make_settings(workdir), database=layout.database,
+                              schema_texts=SchemaTexts.for_corpus(layout))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(workdir):
+    return load_policy(workdir / "base")[1]
+
+
+# ----------------------------------------------------------------------------- corruptions
+SCHEMA = {"ward": ["ward_id", "name", "floor", "beds"], "doctor": ["doctor_id", "name", "ward_id"]}
+JOIN = ("SELECT T2.name, COUNT(*) FROM doctor AS T1 JOIN ward AS T2 ON T1.ward_id = T2.ward_id "
+        "WHERE T2.floor > 2 AND T2.beds >= 10 GROUP BY T2.ward_id ORDER BY AVG(T2.beds) DESC LIMIT 3")
+
+
+def _apply(name, sql=JOIN, seed=0):
+    out = C.CORRUPTIONS[name](parse_one(sql), SCHEMA, random.Random(seed))
+    return None if out is None else out.sql(dialect="sqlite")
+
+
+def test_each_corruption_makes_its_mistake():
+    tree = lambda sql: parse_one(sql)  # noqa: E731
+    dropped = tree(_apply("drop_where_predicate"))
+    assert len(list(dropped.find_all(C.exp.GT, C.exp.GTE))) == 1
+    assert tree(_apply("drop_where_predicate", "SELECT name FROM ward WHERE floor = 1")).args.get("where") is None
+    assert _apply("flip_comparison", "SELECT name FROM ward WHERE floor > 2") == "SELECT name FROM ward WHERE floor < 2"
+    assert _apply("flip_comparison", "SELECT name FROM ward WHERE floor = 2") == "SELECT name FROM ward WHERE floor <> 2"
+    assert _apply("wrong_aggregate", "SELECT MAX(beds) FROM ward") in {
+        f"SELECT {f}(beds) FROM ward" for f in ("MIN", "AVG", "SUM", "COUNT")}
+    assert _apply("wrong_aggregate", "SELECT COUNT(*) FROM ward") is None
+    assert "GROUP BY" not in _apply("drop_group_by") and "JOIN" not in _apply("drop_join")
+    column = _apply("wrong_column", "SELECT T2.name FROM doctor AS T1 JOIN ward AS T2 ON T1.ward_id = T2.ward_id")
+    assert column.split(" FROM")[0] in {f"SELECT T2.{c}" for c in ("ward_id", "floor", "beds")}
+    assert _apply("wrong_column", "SELECT name FROM ward", seed=1).split(" FROM")[0] in {
+        "SELECT ward_id", "SELECT floor", "SELECT beds"}
+    assert "ORDER BY AVG(T2.beds) ASC" in _apply("change_order")
+    assert _apply("change_limit") != JOIN
+    assert _apply("toggle_distinct", "SELECT name FROM ward") == "SELECT DISTINCT name FROM ward"
+    assert _apply("toggle_distinct", "SELECT DISTINCT name FROM ward") == "SELECT name FROM ward"
+    assert _apply("drop_select_item") in {JOIN.replace("T2.name, ", ""), JOIN.replace(", COUNT(*)", "")}
+    assert _apply("drop_select_item", "SELECT name FROM ward") is None
+
+
+def test_corrupt_lists_distinct_applicable_corruptions():
+    out = C.corrupt(JOIN, random.Random(0), SCHEMA)
+    names = [n for n, _ in out]
+    assert len(set(names)) == len(names) >= 8
+    gold = parse_one(JOIN).sql(dialect="sqlite")
+    assert all(sql != gold for _, sql in out)
+    assert C.corrupt("SELEC nonsense (", random.Random(0)) == []
+    assert C.schema_from_ddl("CREATE TABLE ward (ward_id NUMERIC, -- id\n name TEXT);") == {"ward": ["ward_id", "name"]}
+    assert C.schema_from_ddl("not ddl at all (") == {}
+
+
+# ----------------------------------------------------------------------------- examples
+def test_plain_examples_are_the_environment_prompt_and_the_gold(conversations, layout):
+    examples = {ex.id: ex for ex in read_jsonl(layout.split("train"))}
+    plain = [c for c in conversations if c.kind == "plain"]
+    assert len(plain) == len(examples)
+    schemas = SchemaTexts.for_corpus(layout)
+    for conv in plain[:10]:
+        ex = examples[conv.example_id]
+        assert conv.messages[:2] == round1_messages(ex, schemas(ex.db_id, layout.database(ex.db_id)), "think_sql")
+        assert conv.targets == (2,) and conv.messages[2]["role"] == "assistant"
+        parsed = parse_output(conv.messages[2]["content"], "think_sql")
+        assert parsed.well_formed and parsed.sql == ex.gold_sql
+        assert ex.reasoning and ex.reasoning in conv.messages[2]["content"]
+
+
+def test_revision_dialogues_carry_the_real_odt_feedback(conversations, layout):
+    examples = {ex.id: ex for ex in read_jsonl(layout.split("train"))}
+    revisions = [c for c in conversations if c.kind == "revision"]
+    assert 0.3 * len(examples) <= len(revisions) <= 0.7 * len(examples)  # revision_share 0.5
+    assert len({c.corruption for c in revisions}) >= 4
+    value_mismatch = 0
+    for conv in revisions:
+        ex = examples[conv.example_id]
+        system, user, wrong, feedback, final = conv.messages
+        assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user", "assistant"]
+        assert conv.targets == (4,) and final["content"] == target_text(ex, "think_sql")
+        wrong_sql = parse_output(wrong["content"], "think_sql").sql
+        db = layout.database(ex.db_id)
+        pred, gold = execute(db, wrong_sql), execute(db, ex.gold_sql)
+        assert not (pred.ok and results_match(pred, gold, order_matters(ex.gold_sql)))  # really wrong
+        d = diagnose(wrong_sql, ex.gold_sql)
+        if not d.parsed:
+            expected = FALLBACK_FEEDBACK.format(db_engine=DB_ENGINE)
+        elif d.tags:
+            expected = d.feedback
+        else:
+            expected, value_mismatch = feedback_text((VALUE_MISMATCH,)), value_mismatch + 1
+        assert feedback["content"] == expected and expected.startswith("Feedback:")
+
+
+def test_build_is_deterministic_and_other_formats_are_plain(workdir, layout, conversations):
+    examples = list(read_jsonl(layout.split("train")))[:12]
+    settings = make_settings(workdir)
+    kwargs = dict(database=layout.database, schema_texts=SchemaTexts.for_corpus(layout))
+    first = build_sft_examples(examples, settings, **kwargs)
+    assert first == build_sft_examples(examples, settings, **kwargs)
+    answer = build_sft_examples(examples, settings, fmt="reasoning_answer", **kwargs)
+    assert len(answer) == 12 and all(c.kind == "plain" for c in answer)
+    assert parse_output(answer[0].messages[-1]["content"], "reasoning_answer").well_formed
+    assert "<reasoning>" in answer[0].messages[0]["content"]
+    none = build_sft_examples(examples, make_settings(workdir, revision_share=0.0), **kwargs)
+    assert all(c.kind == "plain" for c in none)
+
+
+# ----------------------------------------------------------------------------- tokens and masks
+def test_masks_cover_only_the_final_assistant_turn(conversations, tokenizer):
+    for conv in [c for c in conversations if c.kind == "revision"][:5] + [conversations[0]]:
+        ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)
+        full = tokenizer.apply_chat_template(conv.messages, tokenize=True, return_dict=False)
+        assert ids == list(full)  # segment-wise tokens = the whole rendering's tokens
+        assert len(mask) == len(ids)
+        target = [i for i, m in zip(ids, mask) if m]
+        assert tokenizer.decode(target) == conv.messages[-1]["content"] + "<|im_end|>"
+        # the masked span is contiguous and is exactly the last assistant content + eos
+        on = [k for k, m in enumerate(mask) if m]
+        assert on == list(range(on[0], on[-1] + 1))
+        prefix = tokenizer.apply_chat_template(conv.messages[:-1], tokenize=True, return_dict=False,
+                                               add_generation_prompt=True)
+        assert on[0] == len(prefix) and ids[: len(prefix)] == list(prefix)
+        assert sum(mask[: on[0]]) == 0  # prompt, corrupted turn, feedback: no loss
+        assert mask[on[-1] + 1:] == [0] * (len(mask) - on[-1] - 1)
+
+
+def test_encode_conversation_rejects_bad_targets_and_unstable_templates(conversations, tokenizer):
+    conv = conversations[0]
+    with pytest.raises(ValueError, match="only assistant"):
+        encode_conversation(tokenizer, conv.messages, (1,))
+    reversed_template = "{% for m in messages|reverse %}{{ m['role'] + ':' + m['content'] + '\n' }}{% endfor %}"
+    unstable = load_policy.__globals__["AutoTokenizer"].from_pretrained(tokenizer.name_or_path)
+    unstable.chat_template = reversed_template
+    with pytest.raises(ValueError, match="prefix-stable"):
+        encode_conversation(unstable, conv.messages, conv.targets)
+
+
+# ----------------------------------------------------------------------------- training
+def test_shared_prefix_loss_equals_the_plain_padded_loss_and_gradients(workdir, conversations, tokenizer):
+    model, _ = load_policy(workdir / "base")
+    model.train()
+    db = conversations[0].db_id
+    same_db = [c for c in conversations if c.db_id == db]
+    rows = [encode_conversation(tokenizer, c.messages, c.targets) for c in same_db[:4] + [
+        c for c in same_db if c.kind == "revision"][:2]]
+    k = shared_prefix_length(rows)
+    first_target = min(m.index(1) for _, m in rows)
+    assert 100 < k < first_target  # system prompt and schema shared, targets not
+    grads = []
+    for share in (True, False):
+        model.zero_grad()
+        loss, processed = token_loss(model, rows, tokenizer.pad_token_id, share_prefix=share)
+        loss.backward()
+        grads.append((loss.item(), processed, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (shared, n_shared, g_shared), (plain, n_plain, g_plain) = grads
+    assert abs(shared - plain) < 1e-5 and n_shared < n_plain / 2
+    assert torch.allclose(g_shared, g_plain, atol=1e-6, rtol=1e-4)
+
+
+def test_shared_prefix_length_stops_before_the_first_target():
+    rows = [([1, 2, 3, 4, 5], [0, 0, 0, 1, 1]), ([1, 2, 3, 9, 9, 9], [0, 0, 0, 0, 1, 1])]
+    assert shared_prefix_length(rows) == 2  # token 3 predicts the first target: its row's own pass
+    assert shared_prefix_length([([1, 2], [0, 1]), ([1, 2], [0, 1])]) == 0
+    assert shared_prefix_length([([1, 2, 3], [0, 0, 0]), ([1, 2, 3], [0, 0, 0])]) == 2  # one token left each
+
+
+def test_batches_hold_one_database_and_cover_every_example():
+    groups = ["a"] * 7 + ["b"] * 5
+    lengths = list(range(12))
+    batches = _batches(lengths, groups, 3, random.Random(0))
+    assert sorted(i for b in batches for i in b) == list(range(12))
+    assert all(len({groups[i] for i in b}) == 1 and len(b) <= 3 for b in batches)
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    assert schedule_factor(0.0, 0.1) == 0.0 and schedule_factor(0.05, 0.1) == pytest.approx(0.5)
+    assert schedule_factor(0.1, 0.1) == pytest.approx(1.0) and schedule_factor(0.55, 0.1) == pytest.approx(0.5)
+    assert schedule_factor(1.0, 0.1) == pytest.approx(0.0) and schedule_factor(0.0, 0.0) == pytest.approx(1.0)
+
+
+def test_sft_lowers_the_loss_and_saves_a_loadable_model(workdir):
+    settings = make_settings(workdir, max_examples=40, epochs=3.0, revision_share=0.25, lr=2e-2)
+    result = run_sft(settings, workdir / "corpus", progress=False)
+    assert result.examples["plain"] == 40 and result.examples["revision"] > 0
+    assert result.steps == len(result.losses) > 0
+    assert result.final_loss < result.losses[0] - 1.5  # nats, from ln(vocab) at the untrained start
+    metrics = json.loads((workdir / "sft" / METRICS_FILE).read_text())
+    assert metrics["steps"] == result.steps and metrics["losses"] == result.losses
+    model, tok = load_policy(workdir / "sft")
+    assert tok.chat_template and model.config.hidden_size == TINY["hidden_size"]
+
+
+def test_sft_respects_max_seq_len_and_the_time_budget(workdir, tmp_path):
+    settings = make_settings(workdir, max_examples=8, max_seq_len=900, epochs=50.0, max_minutes=1e-9,
+                             revision_share=0.0, out_dir=str(tmp_path / "short"))
+    result = run_sft(settings, workdir / "corpus", out_dir=tmp_path / "short", progress=False)
+    assert result.stopped_early and result.steps == 1
+    assert result.dropped_too_long + result.examples["trained"] == 8
+    with pytest.raises(ValueError, match="max_seq_len"):
+        run_sft(make_settings(workdir, max_examples=4, max_seq_len=32), workdir / "corpus", out_dir=tmp_path / "x",
+                progress=False)
+
+
+def test_lora_trains_an_adapter_and_saves_a_merged_model(workdir, tmp_path):
+    settings = make_settings(workdir, max_examples=8, epochs=1.0, revision_share=0.0,
+                             lora={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})
+    result = run_sft(settings, workdir / "corpus", out_dir=tmp_path / "lora", progress=False)
+    assert result.lora and result.steps == 1
+    assert (tmp_path / "lora" / "adapter" / "adapter_config.json").is_file()
+    merged, _ = load_policy(tmp_path / "lora")
+    base, _ = load_policy(workdir / "base")
+    assert not any("lora" in k for k in merged.state_dict())
+    assert torch.equal(merged.model.embed_tokens.weight, base.model.embed_tokens.weight)  # not a LoRA target
+    changed = [k for k, v in base.state_dict().items() if not torch.equal(v, merged.state_dict()[k])]
+    assert changed and all("proj" in k for k in changed)  # only the adapted linear layers moved
+
+
+def test_load_train_examples_cuts_and_shuffles(workdir):
+    settings = make_settings(workdir, max_examples=5)
+    picked = load_train_examples(workdir / "corpus", settings)
+    assert len(picked) == 5 and picked == load_train_examples(workdir / "corpus", settings)
+
+
+@pytest.mark.slow
+def test_greedy_ex_counts_the_examples_a_memorised_model_gets_right(workdir, tmp_path):
+    """A model fit to one example answers every prompt with that example's SQL: greedy EX is
+    1 on a split holding that example, 1/2 once an example with another answer joins it."""
+    corpus = tmp_path / "corpus1"
+    shutil.copytree(workdir / "corpus", corpus)
+    train = list(read_jsonl(corpus / "train.jsonl"))
+    one = train[0]
+    other = next(ex for ex in train if ex.db_id == one.db_id and ex.gold_sql != one.gold_sql
+                 and not execute(layout_db := CorpusLayout(corpus).database(one.db_id), ex.gold_sql).rows
+                 == execute(layout_db, one.gold_sql).rows)
+    write_jsonl(corpus / "train.jsonl", [one])
+    write_jsonl(corpus / "dev.jsonl", [one, other])
+    settings = make_settings(workdir, epochs=80.0, batch_size=1, revision_share=0.0, warmup_ratio=0.1, lr=5e-3,
+                             out_dir=str(tmp_path / "memo"))
+    run_sft(settings, corpus, progress=False)
+    assert greedy_ex(tmp_path / "memo", corpus, split="train", settings=settings) == 1.0
+    assert greedy_ex(tmp_path / "memo", corpus, split="dev", settings=settings) == 0.5
+    assert greedy_ex(tmp_path / "memo", corpus, split="dev", limit=1, settings=settings) == 1.0

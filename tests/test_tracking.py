@@ -1,0 +1,222 @@
+"""MLflow runs of the pipeline on a real SQLite tracking store: URI resolution, the parent run
+per pipeline run with nested stage runs, flattened params and the data version, metrics on
+stage and parent runs, artifacts, and two pipeline runs that compare side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+mlflow = pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from progress_sql import tracking  # noqa: E402
+from progress_sql.cli import app  # noqa: E402
+from progress_sql.config import Settings, settings_from_dict  # noqa: E402
+from progress_sql.data.build import build_corpus  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+
+CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 6,
+          "test_size": 6, "neighbours": 1, "rows_scale": 0.3}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite tracking store for the module (creating its tables takes seconds)."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        mp.delenv(tracking.PARENT_ENV, raising=False)
+        mp.delenv("DVC_EXP_NAME", raising=False)
+        yield folder
+
+
+@pytest.fixture(autouse=True)
+def no_active_run():
+    yield
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tracking") / "corpus"
+    build_corpus(settings_from_dict({"data": CORPUS}), out, progress=False)
+    return out
+
+
+def make_settings(experiment: str, corpus: Path | None = None, **sections) -> Settings:
+    raw = {"data": {**CORPUS, "out_dir": str(corpus or "no-corpus-here")}, **sections}
+    raw["tracking"] = {"experiment": experiment, **sections.get("tracking", {})}
+    return settings_from_dict(raw)
+
+
+def runs_of(experiment: str) -> list:
+    exp = MlflowClient().get_experiment_by_name(experiment)
+    return MlflowClient().search_runs([exp.experiment_id]) if exp else []
+
+
+# ----------------------------------------------------------------------------- URI and params
+def test_tracking_uri_env_wins_then_settings_then_local_sqlite(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    custom = settings_from_dict({"tracking": {"tracking_uri": "sqlite:///custom.db"}})
+    assert tracking.tracking_uri(custom) == "http://127.0.0.1:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking.tracking_uri(custom) == "sqlite:///custom.db"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert tracking.tracking_uri(Settings()) == f"sqlite:///{tmp_path.resolve() / 'mlruns' / 'mlflow.db'}"
+    monkeypatch.delenv("DVC_ROOT")
+    monkeypatch.chdir(tmp_path)
+    assert tracking.tracking_uri(Settings()).endswith(f"{tmp_path.name}/mlruns/mlflow.db")
+
+
+def test_settings_flatten_to_every_params_yaml_leaf():
+    params = tracking.settings_params(Settings())
+    raw = tracking.flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
+    assert set(params) == set(raw)
+    assert params["odt.weights.select"] == "0.2" and params["rl.recipe"] == "progress"
+    assert json.loads(params["eval.splits"]) == ["dev", "test", "syn", "realistic", "dk"]
+
+
+def test_data_version_follows_the_manifest(corpus, tmp_path):
+    version = tracking.data_version(corpus)
+    assert version and len(version) == 16
+    assert tracking.data_version(tmp_path) is None
+    copy = tmp_path / "manifest.json"
+    copy.write_text((corpus / "manifest.json").read_text() + " ")
+    assert tracking.data_version(tmp_path) not in (None, version)
+
+
+# ----------------------------------------------------------------------------- runs
+def test_pipeline_run_nests_stage_runs_with_params_metrics_and_artifacts(store, corpus, tmp_path):
+    settings = make_settings("nesting", corpus)
+    report = tmp_path / "report.md"
+    report.write_text("# validation\nall good\n")
+    with tracking.pipeline_run(settings, "nightly") as parent:
+        assert os.environ[tracking.PARENT_ENV] == parent.info.run_id
+        with tracking.stage_run("sft", settings):
+            for step, loss in enumerate([3.0, 2.0, 1.5]):
+                tracking.log_step_metrics({"sft/loss": loss, "note": "text is skipped"}, step)
+            tracking.log_metrics({"sft/final_loss": 1.5})
+        with tracking.stage_run("evaluate", settings):
+            tracking.log_metrics({"dev/greedy/ex": 0.5, "dev/vote@8/ex": 0.6})
+            tracking.log_artifacts(report, "eval")
+    assert tracking.PARENT_ENV not in os.environ
+
+    runs = {r.info.run_name: r for r in runs_of("nesting")}
+    assert set(runs) == {"nightly", "sft", "evaluate"}
+    top = runs["nightly"]
+    assert top.data.params["rl.recipe"] == "progress" and top.data.params["data.train_size"] == "12"
+    assert top.data.params["data_version"] == tracking.data_version(corpus)
+    assert len([k for k in top.data.params if k != "data_version"]) == len(tracking.settings_params(settings))
+    for stage in ("sft", "evaluate"):
+        assert runs[stage].data.tags["mlflow.parentRunId"] == top.info.run_id
+        assert runs[stage].data.tags["progress_sql.stage"] == stage
+        assert runs[stage].data.params["data_version"] == tracking.data_version(corpus)
+    history = MlflowClient().get_metric_history(runs["sft"].info.run_id, "sft/loss")
+    assert [(m.step, m.value) for m in history] == [(0, 3.0), (1, 2.0), (2, 1.5)]
+    assert "note" not in runs["sft"].data.metrics
+    # summary metrics reach the parent, '@' made MLflow-safe
+    assert top.data.metrics == {"sft/final_loss": 1.5, "dev/greedy/ex": 0.5, "dev/vote_8/ex": 0.6}
+    assert [a.path for a in MlflowClient().list_artifacts(runs["evaluate"].info.run_id, "eval")] == ["eval/report.md"]
+
+
+def test_standalone_stages_share_a_parent_per_configuration_and_per_dvc_experiment(store, monkeypatch):
+    base = make_settings("standalone")
+    with tracking.stage_run("build_data", base):
+        pass
+    with tracking.stage_run("init_model", base):
+        pass
+    variant = make_settings("standalone", rl={"recipe": "oneshot"})
+    with tracking.stage_run("train", variant):
+        pass
+    monkeypatch.setenv("DVC_EXP_NAME", "brave-fox")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "abcdef1234")
+    with tracking.stage_run("train", variant):
+        pass
+
+    runs = runs_of("standalone")
+    parents = {r.info.run_id: r for r in runs if r.data.tags.get("progress_sql.kind") == "pipeline"}
+    children = [r for r in runs if r.data.tags.get("progress_sql.kind") == "stage"]
+    assert len(parents) == 3 and len(children) == 4
+    by_parent: dict[str, list[str]] = {}
+    for child in children:
+        by_parent.setdefault(child.data.tags["mlflow.parentRunId"], []).append(child.info.run_name)
+    names = {parents[p].info.run_name: sorted(v) for p, v in by_parent.items()}
+    assert names["dvc-exp-brave-fox"] == ["train"]
+    assert sorted(names.values()) == [["build_data", "init_model"], ["train"], ["train"]]
+    assert all(p.info.status == "FINISHED" for p in parents.values())
+    exp_parent = next(p for p in parents.values() if p.info.run_name == "dvc-exp-brave-fox")
+    assert exp_parent.data.params["rl.recipe"] == "oneshot"
+
+
+def test_a_failing_stage_is_marked_failed(store):
+    settings = make_settings("failing")
+    with pytest.raises(ValueError, match="boom"):
+        with tracking.pipeline_run(settings, "p"):
+            with tracking.stage_run("train", settings):
+                raise ValueError("boom")
+    status = {r.info.run_name: r.info.status for r in runs_of("failing")}
+    assert status == {"p": "FAILED", "train": "FAILED"}
+
+
+def test_logging_without_a_run_or_with_tracking_off_does_nothing(store, tmp_path):
+    tracking.log_step_metrics({"x": 1.0}, 0)
+    tracking.log_metrics({"x": 1.0})
+    tracking.log_params({"a": 1})
+    tracking.log_artifacts(tmp_path)
+    off = make_settings("off", tracking={"enabled": False})
+    with tracking.pipeline_run(off, "p") as run, tracking.stage_run("sft", off) as stage:
+        assert run is None and stage is None and mlflow.active_run() is None
+    assert runs_of("off") == []
+
+
+def test_stage_run_needs_settings_outside_a_pipeline(store):
+    with pytest.raises(tracking.TrackingError, match="needs settings"):
+        with tracking.stage_run("sft"):
+            pass
+
+
+# ----------------------------------------------------------------------------- side by side
+def test_two_pipeline_runs_expose_the_same_metric_keys(store, corpus, tmp_path):
+    """Two recipes evaluated through the CLI inside two pipeline runs: the parent runs carry
+    the same metric keys (so the experiment table compares them column by column)."""
+    runner = CliRunner()
+    keys = []
+    for recipe in ("progress", "reasoning_sql"):
+        settings = make_settings("side-by-side", corpus, rl={"recipe": recipe}, eval={"vote_k": 2, "pass_k": 0})
+        params = tmp_path / f"{recipe}.yaml"
+        params.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
+        with tracking.pipeline_run(settings, f"run-{recipe}") as parent:
+            result = runner.invoke(app, ["eval", "--model", "oracle", "--split", "dev", "--split", "syn",
+                                         "--out", str(tmp_path / recipe), "--params", str(params), "--no-progress"])
+            assert result.exit_code == 0, result.output
+            assert "gate dev/greedy/ex: 1.0000" in result.output
+        metrics = MlflowClient().get_run(parent.info.run_id).data.metrics
+        assert metrics["dev/greedy/ex"] == 1.0 and metrics["syn/vote_at_2/ex"] == 1.0
+        keys.append(set(metrics))
+    assert keys[0] == keys[1] and len(keys[0]) > 20
+    stages = [r for r in runs_of("side-by-side") if r.info.run_name == "evaluate"]
+    assert len(stages) == 2 and all(r.data.params["eval.model"] == "oracle" for r in stages)
+
+
+def test_configured_store_does_not_stick(tmp_path, monkeypatch):
+    """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI: a store configured once must not
+    shadow the next settings' store, while a user-set variable still wins."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = settings_from_dict({"tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'a' / 'a.db'}"}})
+    second = settings_from_dict({"tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'b' / 'b.db'}"}})
+    tracking.configure(first)
+    assert tracking.tracking_uri(second) == second.tracking.tracking_uri
+    user = f"sqlite:///{tmp_path / 'user.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", user)
+    assert tracking.tracking_uri(first) == user
+    tracking.configure(first)
+    assert tracking.tracking_uri(second) == user

@@ -1,0 +1,277 @@
+"""The RL trainer end to end on CPU: a tiny corpus, the tiny model warm-started by SFT, real
+rollouts, DeepSpeed ZeRO-2/3 (gloo, CPU accelerator) and plain torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from progress_sql import envs  # noqa: E402
+from progress_sql.config import RLSettings, default_settings  # noqa: E402
+from progress_sql.data.records import CorpusLayout, Example, write_jsonl  # noqa: E402
+from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
+from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
+from progress_sql.train.losses import group_advantages, token_logprobs  # noqa: E402
+from progress_sql.train.policy import load_policy  # noqa: E402
+from progress_sql.train.rollout import TokenPolicy, stop_strings, tokenized_trajectory  # noqa: E402
+from progress_sql.train.sft import run_sft  # noqa: E402
+from progress_sql.train.tiny import build_tiny_model  # noqa: E402
+from progress_sql.train.trainer import collate, micro_batch_loss, question_indices, run_rl  # noqa: E402
+from progress_sql.train.generation import TransformersBackend  # noqa: E402
+
+QUESTIONS = [
+    ("How many students are there?", "SELECT count(*) FROM student"),
+    ("Which departments have a budget over 600?", "SELECT name FROM department WHERE budget > 600"),
+    ("List the names of students older than 21.", "SELECT name FROM student WHERE age > 21"),
+    ("What is the name of the oldest student?", "SELECT name FROM student ORDER BY age DESC LIMIT 1"),
+]
+
+
+def _corpus(root: Path) -> Path:
+    """A corpus of one small real database and four train questions."""
+    layout = CorpusLayout(root)
+    db = layout.database("school")
+    db.parent.mkdir(parents=True)
+    con = sqlite3.connect(db)
+    con.executescript(
+        "CREATE TABLE department (dept_id INTEGER PRIMARY KEY, name TEXT NOT NULL, budget REAL);"
+        "CREATE TABLE student (stu_id INTEGER PRIMARY KEY, name TEXT, age INTEGER,"
+        " dept_id INTEGER REFERENCES department(dept_id));"
+    )
+    con.executemany("INSERT INTO department VALUES (?,?,?)", [(1, "Physics", 1000.0), (2, "History", 500.0), (3, "Math", 800.0)])
+    con.executemany("INSERT INTO student VALUES (?,?,?,?)", [(i, f"s{i}", 17 + i % 8, 1 + i % 3) for i in range(1, 21)])
+    con.commit()
+    con.close()
+    write_jsonl(layout.split("train"), [
+        Example(id=f"q{i}", db_id="school", question=q, gold_sql=sql, hardness="easy", reasoning="r")
+        for i, (q, sql) in enumerate(QUESTIONS)
+    ])
+    return root
+
+
+def _settings(init_from: Path | str = ""):
+    s = default_settings().model_copy(deep=True)
+    m = s.model
+    m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size = 1024, 64, 2, 4, 2, 128
+    s.env.max_turns = 2
+    s.generation.max_new_tokens = 24
+    rl = s.rl
+    rl.init_from = str(init_from)
+    rl.group_size, rl.questions_per_step, rl.steps, rl.micro_batch_size = 4, 2, 2, 3  # 8 sequences: 3+3+2
+    rl.lr, rl.checkpoint_every, rl.keep_checkpoints = 1e-3, 1, 2
+    return s
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> tuple[Path, Path]:
+    """(corpus, policy): the tiny model after a short SFT, so that rollouts hold SQL-like
+    outputs whose rewards differ within a group (an untrained model's all score the same)."""
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("rl")
+    corpus = _corpus(root / "corpus")
+    s = _settings()
+    base = build_tiny_model(corpus, s, root / "base")
+    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 60.0  # 60 steps: loss ~0.5
+    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio = 1e-2, 4, 0.0
+    run_sft(s, corpus, out_dir=root / "sft", progress=False)
+    return corpus, root / "sft"
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _rollout_rows(out: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (out / "rollouts" / f"step-{step}.jsonl").read_text().splitlines()]
+
+
+def _finite(metrics: dict) -> bool:
+    return all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+
+
+# ----------------------------------------------------------------------------- DeepSpeed
+def test_zero2_two_steps_then_resume_reproduces_step_two(warm, tmp_path):
+    corpus, policy = warm
+    s = _settings(policy)
+    s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero2.json"
+    # DAPO-style: token-mean aggregation and clip-higher; KL to the reference with k3
+    s.rl.loss_aggregation, s.rl.clip_eps_high, s.rl.kl_beta = "token_mean", 0.28, 0.05
+    s.rl.schedule, s.rl.warmup_steps = "linear", 1  # the schedule's state must survive the resume
+    first = run_rl(s, corpus, out_dir=tmp_path / "a", progress=False)
+
+    assert (first.steps, first.stopped_by) == (2, "steps")
+    run_info = json.loads((first.final_dir / "rl_run.json").read_text())
+    assert (run_info["engine"], run_info["zero_stage"]) == ("deepspeed", 2)
+    m1, m2 = first.metrics
+    groups: dict[int, set[float]] = {}
+    for row in _rollout_rows(first.out_dir, 1):
+        groups.setdefault(row["group"], set()).add(row["reward"])
+    assert any(len(r) > 1 for r in groups.values()), "step 1 needs a group with unequal rewards to learn from"
+    assert _finite(m1) and _finite(m2) and m1["grad_norm"] > 0 and m1["ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert m1["logprob_gap"] < 1e-4  # the sampler's log-probs are the trainer's at the same positions
+    assert abs(m1["kl"]) < 1e-9 < m2["kl"]  # step 1's policy is the reference itself
+    for key in ("reward/align", "reward/exec", "ex@1", "ex@2", "turns/mean", "response_tokens/mean", "clip_frac",
+                "tokens_per_s", "trajectories_per_s", "lr", "logprob_gap"):
+        assert key in m2
+    assert [json.loads(line)["step"] for line in (first.out_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    # weights changed in step 1 (DeepSpeed's own checkpoint of the module)
+    step1 = list_checkpoints(first.out_dir)[0]
+    module = torch.load(step1 / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    start = _weights(policy)
+    assert any(not torch.equal(module[k].float(), start[k].float()) for k in start)
+
+    # resume from the step-1 checkpoint into another folder: step 2 again, identically
+    second = run_rl(s, corpus, out_dir=tmp_path / "b", resume=step1, progress=False)
+    assert second.steps == 2 and [m["step"] for m in second.metrics] == [1, 2]
+    a_rows, b_rows = _rollout_rows(first.out_dir, 2), _rollout_rows(second.out_dir, 2)
+    assert [r["input_ids"] for r in a_rows] == [r["input_ids"] for r in b_rows]
+    assert [r["loss_mask"] for r in a_rows] == [r["loss_mask"] for r in b_rows]
+    assert second.metrics[-1]["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    assert second.metrics[-1]["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert second.metrics[-1]["lr"] == m2["lr"] != m1["lr"]
+    wa, wb = _weights(first.final_dir), _weights(second.final_dir)
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-6, rtol=0) for k in wa)
+    assert not all(torch.equal(wa[k], start[k]) for k in wa)
+
+
+def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
+    corpus, policy = warm
+    s = _settings(policy)
+    s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero3.json"
+    s.rl.steps, s.rl.questions_per_step = 1, 1
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    assert json.loads((result.final_dir / "rl_run.json").read_text())["zero_stage"] == 3
+    assert _finite(result.metrics[0])
+    start, final = _weights(policy), _weights(result.final_dir)
+    assert {k: v.shape for k, v in final.items()} == {k: v.shape for k, v in start.items()}
+    assert any(not torch.equal(final[k], start[k]) for k in start)
+    model, _ = load_policy(result.final_dir, device="cpu")  # a complete transformers checkpoint
+    assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for k, v in start.items() if k != "lm_head.weight")
+
+
+# ----------------------------------------------------------------------------- plain torch
+def test_plain_torch_resume_in_place_and_time_budget(warm, tmp_path):
+    corpus, policy = warm
+    s = _settings(policy)
+    s.rl.deepspeed, s.rl.algorithm, s.rl.clip_eps, s.rl.clip_eps_high = "never", "gspo", 3e-4, 4e-4
+    s.rl.steps, s.rl.keep_checkpoints = 1, 1
+    one = run_rl(s, corpus, out_dir=tmp_path / "run", progress=False)
+    assert one.steps == 1 and json.loads((one.final_dir / "rl_run.json").read_text())["engine"] == "torch"
+
+    s.rl.steps = 2  # asked for more: resume=True continues in place from the newest checkpoint
+    two = run_rl(s, corpus, out_dir=tmp_path / "run", resume=True, progress=False)
+    assert [m["step"] for m in two.metrics] == [1, 2] and _finite(two.metrics[-1])
+    assert [p.name for p in list_checkpoints(two.out_dir)] == ["step-2"]  # keep_checkpoints = 1
+    assert len((two.out_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert _weights(one.final_dir).keys() == _weights(two.final_dir).keys()
+
+    s.rl.steps, s.rl.max_minutes = 5, 1e-6  # the budget runs out during step 1
+    timed = run_rl(s, corpus, out_dir=tmp_path / "timed", progress=False)
+    assert (timed.steps, timed.stopped_by) == (1, "time")
+    assert [p.name for p in list_checkpoints(timed.out_dir)] == ["step-1"] and (timed.final_dir / "config.json").is_file()
+
+
+def test_masked_tokens_get_no_gradient(warm):
+    """Gradient w.r.t. the logits: zero at every position that predicts a masked token
+    (prompt, feedback, end-of-turn, padding), non-zero where a sampled token is predicted."""
+    corpus, policy = warm
+    s = _settings(policy)
+    model, tokenizer = load_policy(policy, device="cpu")
+    layout = CorpusLayout(corpus)
+    token_policy = TokenPolicy(TransformersBackend(model, tokenizer), tokenizer, s.generation, stop_strings("think_sql"), seed=3)
+    examples = [Example(id="q", db_id="school", question=QUESTIONS[1][0], gold_sql=QUESTIONS[1][1], hardness="easy")] * 3
+    episodes = envs.rollout(lambda: envs.get("odt_feedback")(s), token_policy, examples, layout.database)
+    trajs = [tokenized_trajectory(ep, float(i), 0, 10_000) for i, ep in enumerate(episodes)]
+    batch = collate(trajs, group_advantages([0.0, 1.0, 2.0], [0, 0, 0], 1e-6), tokenizer.pad_token_id, torch.device("cpu"))
+    assert batch["attention_mask"].min() == 0  # padding is part of the check
+
+    captured = {}
+
+    def keep_logits(_module, _inputs, output):
+        if output.requires_grad:
+            output.retain_grad()
+            captured["logits"] = output
+
+    handle = model.lm_head.register_forward_hook(keep_logits)
+    model.train()
+    with torch.no_grad():  # on-policy: no token is clipped, so every sampled one gets a gradient
+        old_logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    loss, _ = micro_batch_loss(model, batch, old_logp, None, s.rl, temperature=1.0, num_sequences=3,
+                               num_tokens=float(batch["loss_mask"].sum()), max_tokens=48)
+    loss.backward()
+    handle.remove()
+    grad = captured["logits"].grad  # [B, L, V]; row t predicts token t + 1
+    predicts_sampled = batch["loss_mask"][:, 1:] == 1
+    assert grad.shape[:2] == batch["input_ids"].shape
+    assert torch.count_nonzero(grad[:, :-1][~predicts_sampled]) == 0
+    assert torch.count_nonzero(grad[:, -1]) == 0
+    nonzero_adv = batch["advantages"] != 0
+    assert bool((grad[:, :-1].abs().sum(-1)[predicts_sampled & nonzero_adv[:, None]] > 0).all())
+
+
+# ----------------------------------------------------------------------------- pieces
+def test_question_stream_is_a_seeded_permutation_per_epoch():
+    first = question_indices(5, 0, 5, seed=1)
+    assert sorted(first) == list(range(5))
+    assert question_indices(5, 0, 12, seed=1)[:5] == first
+    assert question_indices(5, 3, 4, seed=1) == question_indices(5, 0, 7, seed=1)[3:]  # position replays
+    assert sorted(question_indices(5, 5, 5, seed=1)) == list(range(5))
+    assert question_indices(5, 0, 5, seed=2) != first or question_indices(5, 5, 5, seed=2) != question_indices(5, 5, 5, seed=1)
+
+
+def test_lr_schedules():
+    rl = RLSettings(warmup_steps=2, schedule="linear")
+    f = lr_lambda(rl, total_updates=10)
+    assert [round(f(u), 4) for u in (0, 1, 2, 6, 10)] == [round(1 / 3, 4), round(2 / 3, 4), 1.0, 0.5, 0.0]
+    cos = lr_lambda(RLSettings(schedule="cosine"), total_updates=4)
+    assert [round(cos(u), 4) for u in (0, 2, 4)] == [1.0, 0.5, 0.0]
+    assert lr_lambda(RLSettings(), 10)(7) == 1.0
+
+
+def test_deepspeed_config_is_filled_from_settings(tmp_path):
+    rl = RLSettings(micro_batch_size=3, grad_clip=0.5)
+    config = deepspeed_config(rl, grad_accum=4, world=2, bf16=False)
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"]) == (3, 4, 24)
+    assert config["gradient_clipping"] == 0.5 and config["bf16"]["enabled"] is False
+    assert config["zero_optimization"]["stage"] == 2
+    assert deepspeed_config(RLSettings(deepspeed_config="configs/deepspeed/zero3.json"), grad_accum=1, world=1,
+                            bf16=True)["bf16"]["enabled"] is True
+    bad = tmp_path / "auto.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}))
+    with pytest.raises(ValueError, match="auto"):
+        deepspeed_config(RLSettings(deepspeed_config=str(bad)), grad_accum=1, world=1, bf16=False)
+    with pytest.raises(FileNotFoundError, match="rl.deepspeed_config"):
+        deepspeed_config(RLSettings(deepspeed_config="nowhere.json"), grad_accum=1, world=1, bf16=False)
+
+
+def test_loss_aggregation_follows_the_algorithm():
+    assert RLSettings().aggregation == "seq_mean_token_mean"
+    assert RLSettings(algorithm="dr_grpo").aggregation == "seq_mean_token_sum_norm"
+    assert RLSettings(loss_aggregation="token_mean", clip_eps_high=0.28).aggregation == "token_mean"
+    with pytest.raises(ValueError, match="gspo"):
+        RLSettings(algorithm="gspo", loss_aggregation="token_mean")
+
+
+def test_engine_choice():
+    assert use_deepspeed("always") and not use_deepspeed("never")
+    assert use_deepspeed("auto") == torch.cuda.is_available()
+    with pytest.raises(ValueError):
+        use_deepspeed("sometimes")
+
+
+def test_recipe_and_env_must_speak_one_format(warm, tmp_path):
+    corpus, policy = warm
+    s = _settings(policy)
+    s.rl.recipe, s.rl.env = "sql_trail", "odt_feedback"
+    with pytest.raises(ValueError, match="pick a matching pair"):
+        run_rl(s, corpus, out_dir=tmp_path, progress=False)
