@@ -196,6 +196,8 @@ def training_pipeline(
             sft(settings, corpus, str(report_root / "train"))
         policy = train_rl(settings, corpus, str(report_root / "train"))
         metrics = evaluate(settings, policy, corpus)
+        if not settings.tracking.enabled:  # as `progress-sql registry register`: no registry to use
+            return {"model": settings.tracking.model_name, "registered": False, "reason": "tracking.enabled is false"}
         version = register_model(settings, policy, metrics)
         return promote_if_better(settings, version, metrics, str(report_root / "registry.json"))
 

@@ -236,6 +236,8 @@ def test_metrics_and_reports_go_to_the_active_mlflow_run(corpus, tmp_path, monke
     # a database store, which runs its schema migrations first).
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    # MLflow keeps the active experiment process-wide: an earlier test's id means nothing here.
+    mlflow.set_experiment("eval-logging")
     try:
         with mlflow.start_run() as run:
             result = run_eval(make_settings(eval={"splits": ["dev"], "vote_k": 2, "pass_k": 0}), ORACLE, corpus, None,

@@ -208,3 +208,25 @@ def test_token_logprobs_gathers_next_token_logprobs():
     assert lp[0].detach().tolist() == pytest.approx(expected, abs=1e-6)
     hot = token_logprobs(_Bigram(table), ids, torch.ones_like(ids), temperature=2.0)
     assert hot[0, 1].item() == pytest.approx(float(torch.log_softmax(table[0] / 2, -1)[2]), abs=1e-6)
+
+
+def test_token_logprobs_from_the_first_scored_position_equal_the_full_ones():
+    """With a loss mask, logits are computed only from the first scored position: the scored
+    log-probs are the full computation's, earlier positions are 0."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    ids = torch.randint(0, 50, (2, 12))
+    attention = torch.ones_like(ids)
+    mask = torch.zeros(2, 12)
+    mask[0, 7:10] = 1
+    mask[1, 5:12] = 1
+    full = token_logprobs(model, ids, attention)
+    part = token_logprobs(model, ids, attention, loss_mask=mask)
+    assert part.shape == full.shape
+    assert torch.allclose(part[:, 5:], full[:, 5:], atol=1e-5)
+    assert torch.count_nonzero(part[:, :5]) == 0
+    # no scored position at all: the full computation
+    assert torch.allclose(token_logprobs(model, ids, attention, loss_mask=torch.zeros(2, 12)), full)

@@ -210,9 +210,11 @@ def test_masked_tokens_get_no_gradient(warm):
                                num_tokens=float(batch["loss_mask"].sum()), max_tokens=48)
     loss.backward()
     handle.remove()
-    grad = captured["logits"].grad  # [B, L, V]; row t predicts token t + 1
-    predicts_sampled = batch["loss_mask"][:, 1:] == 1
-    assert grad.shape[:2] == batch["input_ids"].shape
+    grad = captured["logits"].grad  # [B, L - off, V]; row j predicts token off + j + 1
+    off = batch["input_ids"].shape[1] - grad.shape[1]  # logits start before the first scored token
+    assert off > 0 and not bool(batch["loss_mask"][:, : off + 1].any())
+    predicts_sampled = batch["loss_mask"][:, off + 1:] == 1
+    assert grad.shape[0] == batch["input_ids"].shape[0]
     assert torch.count_nonzero(grad[:, :-1][~predicts_sampled]) == 0
     assert torch.count_nonzero(grad[:, -1]) == 0
     nonzero_adv = batch["advantages"] != 0

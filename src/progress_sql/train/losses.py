@@ -64,21 +64,32 @@ def group_advantages(
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    loss_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log π(x_t | x_<t) of every token, ``[B, L]`` (position 0, which has no context, is 0).
 
     ``temperature`` divides the logits as the sampler did, so the trained distribution is the
-    sampled one (1.0 and 0 = greedy leave them as they are).
+    sampled one (1.0 and 0 = greedy leave them as they are). With ``loss_mask``, positions
+    before the first scored one are left at 0 and their logits are never computed: the
+    vocabulary projection of a long prompt is most of a forward pass, and none of it is trained.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1, :]
+    length = input_ids.shape[1]
+    start = 1
+    if loss_mask is not None and bool(loss_mask[:, 1:].any()):
+        start = 1 + int(loss_mask[:, 1:].any(dim=0).nonzero()[0])
+    kwargs = {} if start == 1 else {"logits_to_keep": length - start + 1}  # positions start-1 .. L-1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits[:, :-1, :]
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, 1:]
+    targets = input_ids[:, start:]
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     out = picked - torch.logsumexp(logits, dim=-1)
-    return torch.cat([out.new_zeros(out.shape[0], 1), out], dim=1)
+    return torch.cat([out.new_zeros(out.shape[0], start), out], dim=1)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -7,17 +7,21 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
         episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean)
-        old logp   ← one no-grad forward of the current policy, same micro-batches
+        old logp   ← the current policy's own (detached: one update per batch), or one no-grad
+                     forward of the same micro-batches before the first update (several passes)
         for pass in 1..updates_per_batch:                                      model in train mode
             for micro-batch: loss share → backward → engine.step()   (updates at the batch's end)
         metrics → metrics.jsonl, on_step, progress bar; checkpoint every checkpoint_every steps
     final policy → <out>/final (save_pretrained + tokenizer)
 
-Old log-probabilities are recomputed rather than taken from the sampler: the sampler's come
+Old log-probabilities come from the trainer's forward, not from the sampler: the sampler's come
 from a left-padded KV-cached decode (vLLM: another kernel, maybe bf16) and differ in the last
-digits, so the first pass would not be exactly on-policy and clipping would fire on noise. The
-recomputed values run through the very forward the loss uses, so on pass 1 the ratio is 1
-exactly; the sampler's values are kept for the ``logprob_gap`` metric (at temperature 1).
+digits, so the first pass would not be exactly on-policy and clipping would fire on noise. With
+one update per batch the loss's own forward, detached, is the old policy (the weights only move
+at the batch's end), which saves a forward pass; with several passes one no-grad forward before
+the first update gives them. Either way the ratio of pass 1 is 1 exactly; the sampler's values
+are kept for the ``logprob_gap`` metric (at temperature 1). Logits are computed only from the
+first scored position on (the prompt's vocabulary projection is never trained).
 Dropout is switched off in the policy, so eval-mode sampling and train-mode training see the
 same function.
 """
@@ -131,7 +135,7 @@ def collate(
 def micro_batch_loss(
     forward: Callable[..., Any],
     batch: dict[str, torch.Tensor],
-    old_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
     ref_logp: torch.Tensor | None,
     rl: RLSettings,
     *,
@@ -141,14 +145,20 @@ def micro_batch_loss(
     max_tokens: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats."""
-    logp = token_logprobs(forward, batch["input_ids"], batch["attention_mask"], temperature)
+    logp = token_logprobs(forward, batch["input_ids"], batch["attention_mask"], temperature, batch["loss_mask"])
+    if old_logp is None:  # one update per batch: the weights have not moved since sampling
+        old_logp = logp.detach()
     common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
     if rl.algorithm == "gspo":
-        return gspo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
-                         num_sequences=num_sequences)
-    return grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
-                     aggregation=rl.aggregation, num_sequences=num_sequences, num_tokens=num_tokens,
-                     max_tokens=max_tokens)
+        loss, stats = gspo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+                                num_sequences=num_sequences)
+    else:
+        loss, stats = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+                                aggregation=rl.aggregation, num_sequences=num_sequences, num_tokens=num_tokens,
+                                max_tokens=max_tokens)
+    # |trainer − sampler| log-prob summed over scored tokens (the logprob_gap metric)
+    stats["sampler_gap"] = float(((old_logp - batch["sampler_logp"]).abs() * batch["loss_mask"]).sum())
+    return loss, stats
 
 
 def _env_factory(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
@@ -294,12 +304,17 @@ def run_rl(
         batches = [collate(trajs[s], adv[s], pad_id, torch.device(device)) for s in slices]
         num_tokens = float(sum(b["loss_mask"].sum() for b in batches))
         with torch.no_grad():
-            old = [token_logprobs(engine, b["input_ids"], b["attention_mask"], gen.temperature) for b in batches]
-            refs = [token_logprobs(reference, b["input_ids"], b["attention_mask"], gen.temperature)
+            # With one update per batch the loss's own forward gives the old log-probs (the
+            # weights do not change before the step): no extra forward pass.
+            old = ([None] * len(batches) if rl.updates_per_batch == 1 else
+                   [token_logprobs(engine, b["input_ids"], b["attention_mask"], gen.temperature, b["loss_mask"])
+                    for b in batches])
+            refs = [token_logprobs(reference, b["input_ids"], b["attention_mask"], gen.temperature, b["loss_mask"])
                     if reference is not None else None for b in batches]
         stats_sum: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0}
         lr = engine.lr  # the rate of this step's (first) update
-        for _ in range(rl.updates_per_batch):
+        sampler_gap = 0.0
+        for update in range(rl.updates_per_batch):
             for b, old_logp, ref_logp in zip(batches, old, refs):
                 loss, stats = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
                                                num_sequences=n_seq, num_tokens=num_tokens, max_tokens=budget_tokens)
@@ -308,6 +323,8 @@ def run_rl(
                 stats_sum["loss"] += float(loss.detach()) / rl.updates_per_batch
                 for key in ("clip_frac", "kl", "ratio"):
                     stats_sum[key] += stats[key] * stats["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
+                if update == 0:
+                    sampler_gap += stats["sampler_gap"]
             with engine.gathered():
                 backend.sync_weights(policy_model)
 
@@ -336,8 +353,7 @@ def run_rl(
             "rollout_s": rollout_s,
         }
         if gen.temperature == 1.0:  # the sampler reports temperature-1 log-probs
-            gaps = [((o - b["sampler_logp"]).abs() * b["loss_mask"]).sum() for o, b in zip(old, batches)]
-            metrics["logprob_gap"] = float(sum(gaps) / max(num_tokens, 1.0))
+            metrics["logprob_gap"] = sampler_gap / max(num_tokens, 1.0)
         metrics["step_s"] = time.monotonic() - t_step
         metrics["trajectories_per_s"] = len(trajs) / max(metrics["step_s"], 1e-9)
         history.append(metrics)
