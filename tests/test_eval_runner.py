@@ -29,7 +29,12 @@ TINY_MODEL = {"vocab_size": 2048, "hidden_size": 64, "num_layers": 2, "num_heads
               "intermediate_size": 128}
 
 
+# The paper's protocol (Vote@8, pass@8, every example), not the CPU pipeline's budget defaults.
+PAPER_EVAL = {"vote_k": 8, "pass_k": 8, "max_examples": 0}
+
+
 def make_settings(**sections):
+    sections["eval"] = {**PAPER_EVAL, **sections.get("eval", {})}
     return settings_from_dict({"data": SMALL_DATA, **sections})
 
 

@@ -270,7 +270,7 @@ class RLSettings(_Section):
     group_size: int = Field(8, ge=2)  # G rollouts per question
     questions_per_step: int = Field(4, ge=1)
     steps: int = Field(40, ge=1)
-    max_minutes: float = Field(10.0, gt=0.0)  # wall-clock budget; stops after the running step
+    max_minutes: float = Field(8.0, gt=0.0)  # wall-clock budget; stops after the running step
     lr: float = Field(2e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)  # AdamW
     micro_batch_size: int = Field(8, ge=1)  # sequences per forward/backward
@@ -315,13 +315,13 @@ class EvalSettings(_Section):
 
     splits: list[EvalSplit] = ["dev", "test", "syn", "realistic", "dk"]
     greedy: bool = True
-    vote_k: int = Field(8, ge=0, le=256)  # Vote@k over sampled outputs (paper: 8); 0 = off
-    pass_k: int = Field(8, ge=0, le=256)  # pass@k from the same samples; 0 = off
+    vote_k: int = Field(4, ge=0, le=256)  # Vote@k over sampled outputs (paper: 8; CPU default 4); 0 = off
+    pass_k: int = Field(4, ge=0, le=256)  # pass@k from the same samples; 0 = off
     # Sampling temperature of the Vote@k / pass@k samples. The paper does not state it; 0.8 is
     # the value we recall from OmniSQL's Maj@8 evaluation scripts (not in our reference copy).
     temperature: float = Field(0.8, gt=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_examples: int = Field(0, ge=0)  # per split; 0: every example
+    max_examples: int = Field(30, ge=0)  # per split (CPU default); 0: every example
     multi_turn: bool = False  # also run the SQL-tool protocol (SQL-Trail / SkyRL), greedy
     ts: bool = True  # test-suite accuracy where a database has neighbours
     out_dir: str = "reports/eval"
