@@ -51,7 +51,7 @@ def _model(tokenizer, seed=0):
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     return _model(tokenizer)
 
 

@@ -51,7 +51,7 @@ def make_settings(tmp_path, **sft):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("sft")
     settings = make_settings(root)
     build_corpus(settings, root / "corpus", progress=False)

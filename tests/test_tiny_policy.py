@@ -45,7 +45,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_dir(corpus, tmp_path_factory):
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     return build_tiny_model(corpus, tiny_settings(), tmp_path_factory.mktemp("tiny") / "base")
 
 
@@ -207,7 +207,7 @@ def test_resolve_dtype():
 def test_smollm2_loads_and_follows_its_chat_template():
     from progress_sql.train.generation import TransformersBackend
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     model, tok = load_smollm2()
     assert tok.padding_side == "left" and tok.pad_token is not None
     ids = chat_prompt_ids(tok, [{"role": "user", "content": "What is 2 + 2?"}])
