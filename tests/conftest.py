@@ -81,3 +81,28 @@ def school_db(tmp_path: Path) -> Path:
     con.commit()
     con.close()
     return path
+
+
+# ----------------------------------------------------------------------------- MLflow
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite MLflow tracking store per test module (creating its tables takes seconds),
+    with no pipeline parent run or DVC experiment inherited from the environment."""
+    from progress_sql import tracking
+
+    folder = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        mp.delenv(tracking.PARENT_ENV, raising=False)
+        mp.delenv("DVC_EXP_NAME", raising=False)
+        yield folder
+
+
+@pytest.fixture()
+def no_active_run():
+    """End any MLflow run a test leaves open (MLflow keeps the active run process-wide)."""
+    yield
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()

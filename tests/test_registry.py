@@ -35,20 +35,8 @@ QUESTION = "How many students are there?"
 ANSWER = "<think>count the students</think><sql>SELECT count(*) FROM student</sql>"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("registry")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-        mp.delenv(tracking.PARENT_ENV, raising=False)
-        yield folder
-
-
-@pytest.fixture(autouse=True)
-def no_active_run():
-    yield
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+# `store` (one SQLite tracking store per module) comes from conftest.py.
+pytestmark = pytest.mark.usefixtures("no_active_run")
 
 
 def make_settings(store: Path, **sections):

@@ -26,22 +26,8 @@ CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_
 EXPERIMENT = "stages"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One SQLite tracking store for the module (creating its tables takes seconds)."""
-    folder = tmp_path_factory.mktemp("mlflow")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-        mp.delenv(tracking.PARENT_ENV, raising=False)
-        mp.delenv("DVC_EXP_NAME", raising=False)
-        yield folder
-
-
-@pytest.fixture(autouse=True)
-def no_active_run():
-    yield
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+# `store` (one SQLite tracking store per module) comes from conftest.py.
+pytestmark = pytest.mark.usefixtures("no_active_run")
 
 
 @pytest.fixture(scope="module")
