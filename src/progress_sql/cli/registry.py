@@ -18,10 +18,14 @@ PARAMS_HELP = "Settings file (defaults when absent)"
 NAME_HELP = "Registered model name (default: tracking.model_name)"
 
 
-def _tracking_or_exit(settings) -> None:
+def _registry_settings(params: str, overrides: list[str], name: str | None):
+    """Settings and the registered model's name for a registry command; exit 2 when tracking
+    is off (the registry lives in MLflow)."""
+    settings = load_or_exit(params, parse_overrides(overrides))
     if not settings.tracking.enabled:
         typer.echo("error: tracking.enabled is false: the registry needs MLflow", err=True)
         raise typer.Exit(2)
+    return settings, name or settings.tracking.model_name
 
 
 def _fail(err: Exception) -> None:
@@ -74,9 +78,7 @@ def promote(
     """Move the champion alias to a version by hand (no gate)."""
     from progress_sql import tracking
 
-    settings = load_or_exit(params, parse_overrides(overrides))
-    _tracking_or_exit(settings)
-    name = name or settings.tracking.model_name
+    settings, name = _registry_settings(params, overrides, name)
     try:
         previous = tracking.promote(name, version, settings)
     except tracking.TrackingError as err:
@@ -95,9 +97,7 @@ def show(
     """List the versions: aliases, gate metric, decision, run."""
     from progress_sql import tracking
 
-    settings = load_or_exit(params, parse_overrides(overrides))
-    _tracking_or_exit(settings)
-    name = name or settings.tracking.model_name
+    settings, name = _registry_settings(params, overrides, name)
     try:
         rows = tracking.show(name, settings)
     except tracking.TrackingError as err:
