@@ -208,7 +208,7 @@ def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
     layout = CorpusLayout(corpus)
     train = list(read_jsonl(layout.split("train")))
     questions = step_questions(settings, train)
-    schema = SchemaTexts.for_corpus(layout)
+    schema = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     env = envs.get("single_turn")(settings, fmt=rewards.get(rl.recipe).fmt, schema_texts=schema)
     rows = []
     for k, ex in enumerate(questions):

@@ -92,12 +92,12 @@ def prompts(work: Path, tokenizer: Any, settings: Any, count: int) -> list[list[
     from progress_sql.train.policy import chat_prompt_ids  # noqa: PLC0415
 
     layout = CorpusLayout(work / "corpus")
-    schema = envs.SchemaTexts.for_corpus(layout)
+    schema = envs.SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     train = list(read_jsonl(layout.split("train")))
     out = []
     for k in range(count):
         ex = train[k % len(train)]
-        messages = envs.round1_messages(ex, schema(ex.db_id, layout.database(ex.db_id)), "think_sql")
+        messages = envs.round1_messages(ex, schema(ex.db_id, layout.database(ex.db_id)), "think_sql", settings.env)
         out.append(chat_prompt_ids(tokenizer, messages))
     return out
 

@@ -134,7 +134,7 @@ def test_odt_fallback_feedback_on_garbage(school_db, output):
 def test_single_turn_one_generation_in_the_recipe_format(school_db):
     env = envs.get("single_turn")(fmt="reasoning_answer")
     messages = env.reset(OLDER, school_db)
-    assert "<reasoning>" in messages[0]["content"] and "<answer>SELECT ...</answer>" in messages[0]["content"]
+    assert "<reasoning>reasoning</reasoning> then <answer>SQL</answer>" in messages[0]["content"]
     result = env.step(f"<reasoning>r</reasoning>\n<answer>{GOLD}</answer>")
     assert result.done and result.messages_to_append == []
     ep = env.episode
@@ -280,7 +280,7 @@ def test_trajectories_score_with_the_recipes(school_db):
 
 # ----------------------------------------------------------------------------- prompts and schema text
 def test_round1_messages_follow_appendix_f(school_db):
-    env = envs.get("odt_feedback")()
+    env = envs.get("odt_feedback")(settings(prompt_style="paper"))
     system, user = env.reset(COURSES, school_db)
     assert system["role"] == "system" and system["content"].startswith("Task Overview: You are a data science expert.")
     assert "Database Engine: SQLite" in system["content"]
@@ -292,10 +292,34 @@ def test_round1_messages_follow_appendix_f(school_db):
         "External Knowledge:\nTitles are stored in course.title.\n\nQuestion:\nList the course titles."
     )
     assert "External Knowledge" not in envs.user_prompt(OLDER, ddl)
-    trail = envs.system_prompt("trail", settings(trail_max_turns=7).env)
+    trail = envs.system_prompt("trail", settings(trail_max_turns=7, prompt_style="paper").env)
     assert "at most 7 times" in trail and "<solution>...</solution>" in trail and "<observation>" in trail
     with pytest.raises(ValueError, match="unknown output format"):
         envs.system_prompt("xml")
+
+
+def test_compact_prompt_style_one_line_system_and_table_lines(school_db, tmp_path):
+    env = envs.get("odt_feedback")()  # the default style: compact
+    system, user = env.reset(COURSES, school_db)
+    assert system["content"] == ("Write one SQLite query for the question. "
+                                 "Output <think>reasoning</think> then <sql>SQL</sql>.")
+    schema = user["content"].split("Database Schema:\n")[1].split("\nThis schema")[0]
+    # no tables.json: the file's DDL, parsed, one line per table, then the foreign keys
+    assert schema.splitlines() == [
+        "department(dept_id, name, budget)",
+        "student(stu_id, name, age, dept_id)",
+        "course(course_id, title, credits, dept_id)",
+        "enrolment(stu_id, course_id, grade)",
+        "student.dept_id = department.dept_id",
+        "course.dept_id = department.dept_id",
+        "enrolment.stu_id = student.stu_id",
+        "enrolment.course_id = course.course_id",
+    ]
+    assert user["content"].endswith("Question:\nList the course titles.")
+    trail = envs.system_prompt("trail", settings(trail_max_turns=7).env)
+    assert "up to 7 queries" in trail and "<solution>" in trail and "<observation>" in trail
+    with pytest.raises(ValueError, match="unknown prompt style"):
+        SchemaTexts(prompt_style="verbose")
 
 
 def test_ddl_from_sqlite_and_tables_json(school_db, tmp_path):
@@ -314,8 +338,9 @@ def test_ddl_from_sqlite_and_tables_json(school_db, tmp_path):
     }
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps([entry]))
-    texts = SchemaTexts(tables)
+    texts = SchemaTexts(tables, "paper")
     assert texts("school", school_db) == render_ddl(read_tables_json(tables)["school"])
+    assert SchemaTexts(tables)("school", school_db) == "department(dept_id, name)"  # default: compact
     assert texts("other", school_db) == ddl  # no entry: read from the file
 
     con = sqlite3.connect(school_db)  # a rebuilt file is read again

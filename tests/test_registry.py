@@ -21,7 +21,7 @@ from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
 from progress_sql.data.records import Example  # noqa: E402
-from progress_sql.envs.db_details import ddl_from_sqlite  # noqa: E402
+from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite  # noqa: E402
 from progress_sql.envs.prompts import round1_messages  # noqa: E402
 from progress_sql.train.policy import chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
@@ -55,8 +55,12 @@ def model_dir(store, tmp_path_factory):
 
 
 def ask_messages(db: Path, settings) -> list[dict]:
+    """The prompt `ask` and the pyfunc model build from the DDL they are given (compact style:
+    the DDL rendered as table lines, as the environments render it)."""
     example = Example(id="q", db_id="school", question=QUESTION, gold_sql="", hardness="")
-    return round1_messages(example, ddl_from_sqlite(db), "think_sql", settings.env)
+    schema = SchemaTexts(prompt_style=settings.env.prompt_style)("school", db)
+    assert settings.env.prompt_style == "compact" and "CREATE" not in schema
+    return round1_messages(example, schema, "think_sql", settings.env)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,10 @@ import sqlglot
 from progress_sql.data.records import CorpusError
 from progress_sql.data.schema import (
     create_database,
+    parse_ddl,
     quote_identifier,
     read_tables_json,
+    render_compact,
     render_ddl,
     schema_from_spider,
     sqlite_type,
@@ -165,6 +167,27 @@ def test_ddl_of_every_conformance_database_parses(spider_schemas):
             statements = sqlglot.parse(render_ddl(schema, comments=with_comments), read="sqlite")
             assert len(statements) == len(schema.tables), schema.db_id
             assert all(isinstance(s, sqlglot.exp.Create) for s in statements)
+
+
+def test_render_compact_and_parse_ddl_agree_with_tables_json():
+    schema = schema_from_spider(_entry(), "t")
+    assert render_compact(schema) == (
+        "customer(cust_id, name)\norder_item(order_id, line, cust_id, \"Group\")\norder_item.cust_id = customer.cust_id"
+    )
+    for with_comments in (True, False):
+        back = parse_ddl(render_ddl(schema, comments=with_comments), "t")
+        assert render_compact(back) == render_compact(schema)
+        assert [t.primary_key for t in back.tables] == [("cust_id",), ("order_id", "line")]
+    inline = parse_ddl("CREATE TABLE a (x INTEGER PRIMARY KEY, y INT REFERENCES b(z)); CREATE TABLE b (z INT);")
+    assert render_compact(inline) == "a(x, y)\nb(z)\na.y = b.z"
+    assert inline.tables[0].primary_key == ("x",)
+    assert parse_ddl("this is not ddl (").tables == ()  # unreadable: no tables, no exception
+    assert parse_ddl("SELECT 1; CREATE VIEW v AS SELECT 1").tables == ()
+
+
+def test_compact_schema_of_every_conformance_database(spider_schemas):
+    for schema in spider_schemas.values():
+        assert render_compact(parse_ddl(render_ddl(schema), schema.db_id)) == render_compact(schema), schema.db_id
 
 
 def test_quote_identifier_round_trips_through_sqlite():

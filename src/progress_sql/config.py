@@ -144,6 +144,9 @@ class RewardSettings(_Section):
 
 # ----------------------------------------------------------------------------- environments
 class EnvSettings(_Section):
+    # paper: Appendix F's system prompt and the schema as DDL; compact: a one-line system prompt
+    # and ``table(column, ...)`` lines (the tiny CPU policy; see envs.prompts)
+    prompt_style: Literal["paper", "compact"] = "compact"
     max_turns: int = Field(4, ge=1, le=32)  # T of Algorithm 1
     trail_max_turns: int = Field(10, ge=1, le=64)  # SQL-Trail / SkyRL tool budget
     observation_max_rows: int = Field(50, ge=1)
@@ -214,7 +217,7 @@ class ModelSettings(_Section):
 
     base_dir: str = "outputs/tiny-base"  # where `train init` writes the untrained tiny model
     arch: Literal["qwen2", "llama"] = "qwen2"
-    vocab_size: int = Field(4096, ge=256, le=262_144)
+    vocab_size: int = Field(1024, ge=256, le=262_144)
     hidden_size: int = Field(256, ge=16)
     num_layers: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
@@ -244,14 +247,14 @@ class LoRASettings(_Section):
 class SFTSettings(_Section):
     init_from: str = "outputs/tiny-base"  # model to fine-tune (path or hub id)
     out_dir: str = "outputs/sft"
-    epochs: float = Field(1.0, gt=0.0)
+    epochs: float = Field(8.0, gt=0.0)
     lr: float = Field(2e-3, gt=0.0)
     batch_size: int = Field(16, ge=1)  # conversations per step, drawn from one database
     max_seq_len: int = Field(1536, ge=32)  # longer conversations are dropped, not truncated
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, gt=0.0)  # max gradient norm
-    max_minutes: float = Field(5.5, ge=0.0)  # training-loop wall-clock budget; 0: none
+    max_minutes: float = Field(12.0, ge=0.0)  # training-loop wall-clock budget; 0: none
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
     lora: LoRASettings = LoRASettings()
@@ -270,8 +273,8 @@ class RLSettings(_Section):
     group_size: int = Field(8, ge=2)  # G rollouts per question
     questions_per_step: int = Field(4, ge=1)
     steps: int = Field(40, ge=1)
-    max_minutes: float = Field(8.0, gt=0.0)  # wall-clock budget; stops after the running step
-    lr: float = Field(2e-5, gt=0.0)
+    max_minutes: float = Field(10.0, gt=0.0)  # wall-clock budget; stops after the running step
+    lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)  # AdamW
     micro_batch_size: int = Field(8, ge=1)  # sequences per forward/backward
     updates_per_batch: int = Field(1, ge=1)  # optimisation passes over one batch of rollouts

@@ -5,7 +5,9 @@ names), column types, primary keys (column indexes; a nested list is a composite
 foreign keys (pairs of column indexes). Spider, BIRD and SynSQL all ship this format.
 
 ``render_ddl`` gives the ``{db_details}`` of the prompts (progress-sql.md, Appendix F: "the DDL
-schema of the target database"); ``create_database`` builds an empty SQLite file with the
+schema of the target database"), ``render_compact`` the one-line-per-table text of the compact
+prompts (``env.prompt_style``); ``parse_ddl`` reads CREATE TABLE text back into a schema (for
+databases without a tables.json entry); ``create_database`` builds an empty SQLite file with the
 same tables, keys and column affinities, for tests and the evaluation conformance checks.
 """
 
@@ -16,7 +18,7 @@ import re
 import sqlite3
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from progress_sql.data.records import CorpusError, read_text
 
@@ -256,6 +258,62 @@ def render_ddl(schema: DatabaseSchema, comments: bool = True) -> str:
     for fk in schema.foreign_keys:
         by_table.setdefault(fk.table, []).append(fk)
     return "\n\n".join(_create_table(t, by_table.get(t.name, ()), comments) for t in schema.tables)
+
+
+def render_compact(schema: DatabaseSchema) -> str:
+    """The compact ``{db_details}``: ``table(column, ...)`` per table, then one
+    ``table.column = table.column`` line per foreign key. A fifth of the DDL's tokens: the tiny
+    CPU policy learns to copy names from it within its budget, and not from the DDL."""
+    q = quote_identifier  # names as a query must write them
+    lines = [f"{q(t.name)}({', '.join(q(c.name) for c in t.columns)})" for t in schema.tables]
+    lines += [f"{q(fk.table)}.{q(fk.column)} = {q(fk.ref_table)}.{q(fk.ref_column)}" for fk in schema.foreign_keys]
+    return "\n".join(lines)
+
+
+def parse_ddl(ddl: str, db_id: str = "") -> DatabaseSchema:
+    """The tables, columns, primary keys and foreign keys of CREATE TABLE statements (SQLite
+    dialect); statements sqlglot cannot read, and other statements, are skipped. Columns have
+    no natural names (the name is repeated) and type ``others`` (DDL types are not Spider's)."""
+    import sqlglot  # noqa: PLC0415 - data code that reads tables.json does not need sqlglot
+    from sqlglot import exp  # noqa: PLC0415
+
+    try:
+        statements = sqlglot.parse(ddl, read="sqlite")
+    except sqlglot.errors.SqlglotError:
+        statements = []
+    tables: list[Table] = []
+    fks: list[ForeignKey] = []
+    for stmt in statements:
+        if not isinstance(stmt, exp.Create) or not isinstance(stmt.this, exp.Schema):
+            continue
+        name = stmt.this.this.name if isinstance(stmt.this.this, exp.Table) else ""
+        if not name:
+            continue
+        columns, primary = [], []
+        for item in stmt.this.expressions:
+            if isinstance(item, exp.ColumnDef):  # col TYPE [PRIMARY KEY] [REFERENCES t(c)]
+                columns.append(Column(item.name, item.name, "others"))
+                for constraint in item.constraints:
+                    if isinstance(constraint.kind, exp.PrimaryKeyColumnConstraint):
+                        primary.append(item.name)
+                    elif isinstance(constraint.kind, exp.Reference):
+                        fks += _references(name, [item], constraint.kind)
+            elif isinstance(item, exp.PrimaryKey):
+                primary += [e.name for e in item.expressions]
+            elif isinstance(item, exp.ForeignKey) and item.args.get("reference") is not None:
+                fks += _references(name, item.expressions, item.args["reference"])
+        tables.append(Table(name, name, tuple(columns), tuple(primary)))
+    return DatabaseSchema(db_id, tuple(tables), tuple(fks))
+
+
+def _references(table: str, columns: Sequence[Any], reference: Any) -> list[ForeignKey]:
+    """The foreign keys of ``REFERENCES t (c, ...)`` from ``columns`` of ``table``."""
+    from sqlglot import exp  # noqa: PLC0415
+
+    target = reference.this
+    if not (isinstance(target, exp.Schema) and isinstance(target.this, exp.Table)):
+        return []  # REFERENCES t without columns: the referenced key is not named
+    return [ForeignKey(table, src.name, target.this.name, dst.name) for src, dst in zip(columns, target.expressions)]
 
 
 # ----------------------------------------------------------------------------- databases

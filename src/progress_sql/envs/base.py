@@ -159,9 +159,9 @@ class Episode:
 
 
 # ----------------------------------------------------------------------------- environments
-@functools.lru_cache(maxsize=1)
-def _default_schema_texts() -> SchemaTexts:
-    return SchemaTexts()  # shared: every environment reads a database's DDL once
+@functools.lru_cache(maxsize=2)
+def _default_schema_texts(prompt_style: str) -> SchemaTexts:
+    return SchemaTexts(prompt_style=prompt_style)  # shared: every environment reads a database's DDL once
 
 
 @functools.lru_cache(maxsize=4096)
@@ -173,8 +173,8 @@ class Env:
     """Base of the environments: ``reset`` then ``step`` until ``done``; ``episode`` is the record.
 
     ``settings`` (the whole Settings: env budgets, sandbox limits, ODT weights) default to
-    the built-in defaults; ``schema_texts(db_id, db_path)`` gives the prompts' DDL (default: a
-    shared ``SchemaTexts()`` reading the SQLite files).
+    the built-in defaults; ``schema_texts(db_id, db_path)`` gives the prompts' schema text (default: a
+    shared ``SchemaTexts`` of ``env.prompt_style`` reading the SQLite files).
     """
 
     name: ClassVar[str]
@@ -187,7 +187,8 @@ class Env:
         schema_texts: Callable[[str, str | os.PathLike], str] | None = None,
     ) -> None:
         self.settings = settings if settings is not None else default_settings()
-        self.schema_texts = schema_texts if schema_texts is not None else _default_schema_texts()
+        self.schema_texts = schema_texts if schema_texts is not None else _default_schema_texts(
+            self.settings.env.prompt_style)
         self._episode: Episode | None = None
         self._order_matters = False
 

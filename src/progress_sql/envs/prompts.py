@@ -10,6 +10,12 @@
   ``<think>``/``<sql>``/``<observation>``/``<solution>`` interface, and the messages of its
   Algorithm 1: the invalid-action message, the turns-left reminder, the forced final answer.
 
+``env.prompt_style: compact`` swaps each system prompt for a one-line one with the same tags
+and protocol (and ``SchemaTexts`` renders the schema as ``table(column, ...)`` lines): the
+default tiny CPU policy, trained from scratch, does not learn within its budget to read the
+~800-token paper prompt, and learns to copy table and column names from the compact one. Real
+models take ``paper``.
+
 Chat messages are ``{"role": ..., "content": ...}`` dicts, as chat templates take them. The
 round-1 user prompt is the same for every format (schema, optional evidence, question).
 """
@@ -70,6 +76,14 @@ _TRAIL_SYSTEM = (
     "run</sql> or <solution>your final SQL query</solution>."
 )
 
+# env.prompt_style: compact (the tiny CPU policy): the same tags and protocol in one line.
+_COMPACT_SYSTEM = "Write one {db_engine} query for the question. Output <{reason}>reasoning</{reason}> then <{answer}>SQL</{answer}>."
+_COMPACT_TRAIL_SYSTEM = (
+    "Answer the question with one {db_engine} query. You may run up to {max_turns} queries, each as "
+    "<think>reasoning</think><sql>query</sql>; its result comes back in <observation>. Finish with "
+    "<think>reasoning</think><solution>final query</solution>."
+)
+
 # Appendix F, "User Prompt — Round 1" (BIRD-style evidence, when an example has it, goes
 # before the question, as OmniSQL's and SkyRL-SQL's prompts place "External Knowledge").
 _ROUND1_USER = (
@@ -93,16 +107,18 @@ _TAGS: dict[str, tuple[str, str]] = {"think_sql": ("think", "sql"), "reasoning_a
 
 
 def system_prompt(fmt: FormatName, env: EnvSettings | None = None, db_engine: str = DB_ENGINE) -> str:
-    """The system prompt for outputs in format ``fmt``; ``env`` gives the tool budget (trail)."""
+    """The system prompt for outputs in format ``fmt``; ``env`` gives the prompt style and the
+    tool budget (trail)."""
+    env = env or default_settings().env
+    compact = env.prompt_style == "compact"
     if fmt == "trail":
-        env = env or default_settings().env
-        return _TRAIL_SYSTEM.format(
-            db_engine=db_engine, max_turns=env.trail_max_turns, max_rows=env.observation_max_rows
-        )
+        template = _COMPACT_TRAIL_SYSTEM if compact else _TRAIL_SYSTEM
+        return template.format(db_engine=db_engine, max_turns=env.trail_max_turns, max_rows=env.observation_max_rows)
     if fmt not in _TAGS:
         raise ValueError(f"unknown output format {fmt!r}; known: {', '.join(FORMATS)}")
     reason, answer = _TAGS[fmt]
-    return _SINGLE_TURN_SYSTEM.format(db_engine=db_engine, reason=reason, answer=answer)
+    return (_COMPACT_SYSTEM if compact else _SINGLE_TURN_SYSTEM).format(db_engine=db_engine, reason=reason,
+                                                                         answer=answer)
 
 
 def user_prompt(example: Example, db_details: str) -> str:

@@ -360,7 +360,7 @@ def run_eval(
     notes: list[str] = []
     metrics: dict[str, Any] = {}
     records: dict[str, list[dict[str, Any]]] = {}
-    schema_texts = SchemaTexts.for_corpus(layout)
+    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     with SQLPool(settings=settings.sandbox) as pool:
         judge = Judge(pool, settings.sandbox)
         for name, examples in data.items():

@@ -46,9 +46,13 @@ class Answer:
 
 def _request(question: str, schema: str, fmt: str, settings: Settings, evidence: str = "") -> Any:
     from progress_sql.data.records import Example
+    from progress_sql.data.schema import parse_ddl, render_compact
     from progress_sql.envs.prompts import round1_messages
     from progress_sql.eval.policies import Request
 
+    if settings.env.prompt_style == "compact":  # the DDL users send, as the policy was trained to read it
+        parsed = parse_ddl(schema)
+        schema = render_compact(parsed) if parsed.tables else schema
     example = Example(id="ask", db_id="ask", question=question, gold_sql="", hardness="", evidence=evidence)
     return Request(example, round1_messages(example, schema, fmt, settings.env), fmt)
 

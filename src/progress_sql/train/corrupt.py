@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 import sqlglot
 from sqlglot import exp
 
+from progress_sql.data.schema import parse_ddl
 from progress_sql.sql.parse import SQLParseError, parse_one
 
 Schema = Mapping[str, Sequence[str]]  # lower-case table name -> column names
@@ -23,21 +24,9 @@ Corruption = Callable[[exp.Expression, Schema, random.Random], exp.Expression | 
 
 
 def schema_from_ddl(ddl: str) -> dict[str, list[str]]:
-    """Table → column names from CREATE TABLE statements (a prompt's ``db_details``);
+    """Table → column names from CREATE TABLE statements (``data.schema.parse_ddl``);
     statements sqlglot cannot read are skipped."""
-    tables: dict[str, list[str]] = {}
-    try:
-        statements = sqlglot.parse(ddl, read="sqlite")
-    except sqlglot.errors.SqlglotError:
-        return tables
-    for stmt in statements:
-        if not isinstance(stmt, exp.Create) or not isinstance(stmt.this, exp.Schema):
-            continue
-        table = stmt.this.this
-        if isinstance(table, exp.Table):
-            columns = [c.name for c in stmt.this.expressions if isinstance(c, exp.ColumnDef)]
-            tables[table.name.lower()] = columns
-    return tables
+    return {t.name.lower(): [c.name for c in t.columns] for t in parse_ddl(ddl).tables}
 
 
 def _selects(tree: exp.Expression) -> list[exp.Select]:

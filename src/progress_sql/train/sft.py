@@ -32,7 +32,15 @@ from transformers import DynamicCache
 
 from progress_sql.config import Settings, default_settings
 from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
-from progress_sql.envs import ODTFeedbackEnv, ScriptedPolicy, SchemaTexts, SingleTurnEnv, round1_messages, rollout
+from progress_sql.envs import (
+    ODTFeedbackEnv,
+    ScriptedPolicy,
+    SchemaTexts,
+    SingleTurnEnv,
+    ddl_from_sqlite,
+    round1_messages,
+    rollout,
+)
 from progress_sql.rewards.formats import FormatName
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.train.generation import ChatPolicy, cache_kwarg, make_backend
@@ -84,7 +92,7 @@ def build_sft_examples(
     """
     if fmt not in _TAGS:
         raise ValueError(f"unknown output format {fmt!r}")
-    schema_texts = schema_texts or SchemaTexts()
+    schema_texts = schema_texts or SchemaTexts(prompt_style=settings.env.prompt_style)
     rng = random.Random(f"{settings.seed if seed is None else seed}:sft")
     out: list[SFTExample] = []
     for ex in examples:
@@ -109,8 +117,11 @@ def _revision_dialogues(
     """Run each example's candidate corruptions through the ODT environment (one rollout per
     round of candidates) until one is wrong at turn 1 and the gold is right at turn 2."""
     pending = []
+    schemas: dict[str, dict[str, list[str]]] = {}  # the corruptions' column choices, from each file's DDL
     for ex in examples:
-        schema = schema_from_ddl(schema_texts(ex.db_id, database(ex.db_id)))
+        if ex.db_id not in schemas:
+            schemas[ex.db_id] = schema_from_ddl(ddl_from_sqlite(database(ex.db_id)))
+        schema = schemas[ex.db_id]
         candidates = corrupt(ex.gold_sql, rng, schema)
         if candidates:
             pending.append((ex, candidates))
@@ -330,7 +341,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     model, tokenizer = load_policy(sft.init_from, dtype=settings.model.dtype)
     examples = load_train_examples(corpus_dir, settings)
     conversations = build_sft_examples(examples, settings, database=layout.database,
-                                       schema_texts=SchemaTexts.for_corpus(layout))
+                                       schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     encoded, kept_groups, dropped = [], [], 0
     for conv in conversations:
         ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)
@@ -416,6 +427,6 @@ def greedy_ex(model_dir: str | Path, corpus_dir: str | Path, split: str = "dev",
     gen = settings.generation
     policy = ChatPolicy(make_backend(settings, model, tokenizer, model_dir), tokenizer, temperature=0.0,
                         max_new_tokens=gen.max_new_tokens, stop=("</sql>",), max_prompt_tokens=gen.max_prompt_tokens)
-    schema_texts = SchemaTexts.for_corpus(layout)
+    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     episodes = rollout(lambda: SingleTurnEnv(settings, schema_texts=schema_texts), policy, examples, layout.database)
     return sum(ep.correct for ep in episodes) / len(episodes)

@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from progress_sql.config import Settings
+from progress_sql.config import EnvSettings, Settings, default_settings
 from progress_sql.data.records import CorpusError, CorpusLayout, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT, system_prompt, user_prompt
@@ -90,30 +90,34 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path |
 
 
 def fixed_texts() -> list[str]:
-    """The texts every run shows the model whatever the data: system prompts of each format,
-    the ODT feedback of every tag and the tool-loop messages."""
-    texts = [system_prompt(fmt) for fmt in FORMATS]
+    """The texts every run shows the model whatever the data: system prompts of each format
+    and prompt style, the ODT feedback of every tag and the tool-loop messages."""
+    env = default_settings().env
+    texts = [system_prompt(fmt, env.model_copy(update={"prompt_style": style}))
+             for fmt in FORMATS for style in ("paper", "compact")]
     texts += [feedback_text((tag,)) for tag in TAGS]
     texts += [FALLBACK_FEEDBACK.format(db_engine=DB_ENGINE), INVALID_ACTION, FINAL_ANSWER]
     texts += [TURNS_LEFT.format(n=n) for n in range(10)]
     return texts
 
 
-def corpus_texts(corpus_dir: str | Path, seed: int = 0) -> Iterator[str]:
+def corpus_texts(corpus_dir: str | Path, seed: int = 0, env: EnvSettings | None = None) -> Iterator[str]:
     """Tokenizer training texts from a built corpus, in the proportions a run shows them: per
     train example its round-1 system and user prompts, reasoning trace, gold SQL and one
-    feedback message (tags taken in turn); the schemas of every database once (their DDL is
-    model input, not a label). Deterministic for a corpus and seed."""
+    feedback message (tags taken in turn); the schemas of every database once (their text is
+    model input, not a label). Prompts and schemas in ``env.prompt_style`` (default: the
+    default settings'). Deterministic for a corpus and seed."""
+    env = env or default_settings().env
     layout = CorpusLayout(Path(corpus_dir))
     train = list(read_jsonl(layout.split("train")))
     if not train:
         raise CorpusError(f"{layout.split('train')}: no training examples")
-    schemas = SchemaTexts.for_corpus(layout)
+    schemas = SchemaTexts.for_corpus(layout, env.prompt_style)
     fixed = fixed_texts()
     feedback = [feedback_text((tag,)) for tag in TAGS]
     order = list(range(len(train)))
     random.Random(seed).shuffle(order)
-    system = system_prompt("think_sql")
+    system = system_prompt("think_sql", env)
     for k, i in enumerate(order):
         ex = train[i]
         yield system
@@ -152,7 +156,7 @@ def build_tiny_model(corpus_dir: str | Path, settings: Settings, out_dir: str | 
     whose eos ids are ``<|im_end|>`` and ``<|endoftext|>``, into ``out_dir`` (default
     ``settings.model.base_dir``). Returns the directory."""
     out = Path(out_dir if out_dir is not None else settings.model.base_dir)
-    texts = corpus_texts(corpus_dir, settings.seed)
+    texts = corpus_texts(corpus_dir, settings.seed, settings.env)
     tokenizer = train_tokenizer(texts, settings.model.vocab_size)
     config = tiny_config(settings, tokenizer)
     torch.manual_seed(settings.seed)

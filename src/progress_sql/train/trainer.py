@@ -238,7 +238,7 @@ def run_rl(
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             reference = reference.to(torch.bfloat16)
     recipe = rewards.get(rl.recipe)
-    env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout))
+    env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     max_turns = env_factory().max_turns
     max_tokens = max_sequence_tokens(gen, max_turns)
     budget_tokens = max_turns * gen.max_new_tokens  # Dr.GRPO's constant normaliser
