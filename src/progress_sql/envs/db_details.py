@@ -64,7 +64,7 @@ class SchemaTexts:
         return cls(layout.tables_json if layout.tables_json.exists() else None, prompt_style)
 
     def __call__(self, db_id: str, db_path: str | os.PathLike) -> str:
-        """The DDL text of database ``db_id`` stored at ``db_path``."""
+        """The schema text (of ``prompt_style``) of database ``db_id`` stored at ``db_path``."""
         schema = self._schemas.get(db_id)
         if schema is not None:
             key: tuple = ("tables.json", db_id)
