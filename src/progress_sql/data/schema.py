@@ -20,6 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import sqlglot
+from sqlglot import exp
+
 from progress_sql.data.records import CorpusError, read_text
 
 # Spider's column types → SQLite declared types (their affinity: TEXT, NUMERIC, BLOB).
@@ -274,9 +277,6 @@ def parse_ddl(ddl: str, db_id: str = "") -> DatabaseSchema:
     """The tables, columns, primary keys and foreign keys of CREATE TABLE statements (SQLite
     dialect); statements sqlglot cannot read, and other statements, are skipped. Columns have
     no natural names (the name is repeated) and type ``others`` (DDL types are not Spider's)."""
-    import sqlglot  # noqa: PLC0415 - data code that reads tables.json does not need sqlglot
-    from sqlglot import exp  # noqa: PLC0415
-
     try:
         statements = sqlglot.parse(ddl, read="sqlite")
     except sqlglot.errors.SqlglotError:
@@ -308,8 +308,6 @@ def parse_ddl(ddl: str, db_id: str = "") -> DatabaseSchema:
 
 def _references(table: str, columns: Sequence[Any], reference: Any) -> list[ForeignKey]:
     """The foreign keys of ``REFERENCES t (c, ...)`` from ``columns`` of ``table``."""
-    from sqlglot import exp  # noqa: PLC0415
-
     target = reference.this
     if not (isinstance(target, exp.Schema) and isinstance(target.this, exp.Table)):
         return []  # REFERENCES t without columns: the referenced key is not named

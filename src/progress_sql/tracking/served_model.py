@@ -4,6 +4,7 @@ its SQL and the SQL's result from the read-only sandbox."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from importlib import metadata
@@ -44,15 +45,22 @@ class Answer:
     finish_reason: str
 
 
+@functools.lru_cache(maxsize=64)
+def _compact_schema(ddl: str) -> str:
+    """``ddl`` as compact table lines (parsed once per distinct schema); unreadable text as it is."""
+    from progress_sql.data.schema import parse_ddl, render_compact
+
+    parsed = parse_ddl(ddl)
+    return render_compact(parsed) if parsed.tables else ddl
+
+
 def _request(question: str, schema: str, fmt: str, settings: Settings, evidence: str = "") -> Any:
     from progress_sql.data.records import Example
-    from progress_sql.data.schema import parse_ddl, render_compact
     from progress_sql.envs.prompts import round1_messages
     from progress_sql.eval.policies import Request
 
     if settings.env.prompt_style == "compact":  # the DDL users send, as the policy was trained to read it
-        parsed = parse_ddl(schema)
-        schema = render_compact(parsed) if parsed.tables else schema
+        schema = _compact_schema(schema)
     example = Example(id="ask", db_id="ask", question=question, gold_sql="", hardness="", evidence=evidence)
     return Request(example, round1_messages(example, schema, fmt, settings.env), fmt)
 
