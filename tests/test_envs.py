@@ -306,14 +306,14 @@ def test_compact_prompt_style_one_line_system_and_table_lines(school_db, tmp_pat
     schema = user["content"].split("Database Schema:\n")[1].split("\nThis schema")[0]
     # no tables.json: the file's DDL, parsed, one line per table, then the foreign keys
     assert schema.splitlines() == [
-        "department(dept_id, name, budget)",
-        "student(stu_id, name, age, dept_id)",
-        "course(course_id, title, credits, dept_id)",
-        "enrolment(stu_id, course_id, grade)",
-        "student.dept_id = department.dept_id",
-        "course.dept_id = department.dept_id",
-        "enrolment.stu_id = student.stu_id",
-        "enrolment.course_id = course.course_id",
+        "- department: dept_id, name, budget",
+        "- student: stu_id, name, age, dept_id",
+        "- course: course_id, title, credits, dept_id",
+        "- enrolment: stu_id, course_id, grade",
+        "- student.dept_id = department.dept_id",
+        "- course.dept_id = department.dept_id",
+        "- enrolment.stu_id = student.stu_id",
+        "- enrolment.course_id = course.course_id",
     ]
     assert user["content"].endswith("Question:\nList the course titles.")
     trail = envs.system_prompt("trail", settings(trail_max_turns=7).env)
@@ -340,7 +340,7 @@ def test_ddl_from_sqlite_and_tables_json(school_db, tmp_path):
     tables.write_text(json.dumps([entry]))
     texts = SchemaTexts(tables, "paper")
     assert texts("school", school_db) == render_ddl(read_tables_json(tables)["school"])
-    assert SchemaTexts(tables)("school", school_db) == "department(dept_id, name)"  # default: compact
+    assert SchemaTexts(tables)("school", school_db) == "- department: dept_id, name"  # default: compact
     assert texts("other", school_db) == ddl  # no entry: read from the file
 
     con = sqlite3.connect(school_db)  # a rebuilt file is read again

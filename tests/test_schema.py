@@ -172,14 +172,14 @@ def test_ddl_of_every_conformance_database_parses(spider_schemas):
 def test_render_compact_and_parse_ddl_agree_with_tables_json():
     schema = schema_from_spider(_entry(), "t")
     assert render_compact(schema) == (
-        "customer(cust_id, name)\norder_item(order_id, line, cust_id, \"Group\")\norder_item.cust_id = customer.cust_id"
+        "- customer: cust_id, name\n- order_item: order_id, line, cust_id, \"Group\"\n- order_item.cust_id = customer.cust_id"
     )
     for with_comments in (True, False):
         back = parse_ddl(render_ddl(schema, comments=with_comments), "t")
         assert render_compact(back) == render_compact(schema)
         assert [t.primary_key for t in back.tables] == [("cust_id",), ("order_id", "line")]
     inline = parse_ddl("CREATE TABLE a (x INTEGER PRIMARY KEY, y INT REFERENCES b(z)); CREATE TABLE b (z INT);")
-    assert render_compact(inline) == "a(x, y)\nb(z)\na.y = b.z"
+    assert render_compact(inline) == "- a: x, y\n- b: z\n- a.y = b.z"
     assert inline.tables[0].primary_key == ("x",)
     assert parse_ddl("this is not ddl (").tables == ()  # unreadable: no tables, no exception
     assert parse_ddl("SELECT 1; CREATE VIEW v AS SELECT 1").tables == ()

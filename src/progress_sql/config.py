@@ -145,7 +145,7 @@ class RewardSettings(_Section):
 # ----------------------------------------------------------------------------- environments
 class EnvSettings(_Section):
     # paper: Appendix F's system prompt and the schema as DDL; compact: a one-line system prompt
-    # and ``table(column, ...)`` lines (the tiny CPU policy; see envs.prompts)
+    # and ``- table: column, ...`` lines (the tiny CPU policy; see envs.prompts)
     prompt_style: Literal["paper", "compact"] = "compact"
     max_turns: int = Field(4, ge=1, le=32)  # T of Algorithm 1
     trail_max_turns: int = Field(10, ge=1, le=64)  # SQL-Trail / SkyRL tool budget
@@ -198,6 +198,8 @@ class DataSettings(_Section):
     evidence_share: float = Field(0.3, ge=0.0, le=1.0)  # DK-phrased with evidence, where a rule applies
     fuzz_keep: float = Field(0.5, ge=0.0, le=1.0)  # neighbour values kept from the original row
     fuzz_rows: float = Field(0.2, ge=0.0, le=0.9)  # neighbour row count within ±this share
+    renamed_copies: int = Field(0, ge=0, le=20)  # renamed copies of each train database (data.domains.renaming)
+    renamed_column_share: float = Field(0.5, ge=0.0, le=1.0)  # value columns a copy renames
 
     @model_validator(mode="after")
     def _splits_fit(self) -> "DataSettings":

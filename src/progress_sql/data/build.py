@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from progress_sql.config import Settings
 from progress_sql.data.domains import CATALOGUE, Domain
+from progress_sql.data.domains.renaming import renamed_copies
 from progress_sql.data.drafting import Draft, draw_examples
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
 from progress_sql.data.neighbours import query_literals, write_neighbours
@@ -45,7 +46,8 @@ MANIFEST_FORMAT = 1
 
 def split_domains(settings: Settings) -> dict[str, list[Domain]]:
     """The domains of each split: the catalogue shuffled by the seed, dev first, then test,
-    the rest train (each split sorted by name)."""
+    the rest train (each split sorted by name), followed in train by ``data.renamed_copies``
+    renamed copies of each train domain."""
     data = settings.data
     if data.n_databases > len(CATALOGUE):
         raise CorpusError(
@@ -56,8 +58,9 @@ def split_domains(settings: Settings) -> dict[str, list[Domain]]:
     chosen = order[: data.n_databases]
     dev = chosen[: data.n_dev_databases]
     test = chosen[data.n_dev_databases : data.n_dev_databases + data.n_test_databases]
-    train = chosen[data.n_dev_databases + data.n_test_databases :]
-    return {name: sorted(ds, key=lambda d: d.name) for name, ds in (("train", train), ("dev", dev), ("test", test))}
+    train = sorted(chosen[data.n_dev_databases + data.n_test_databases :], key=lambda d: d.name)
+    train += renamed_copies(train, data.renamed_copies, dev + test, data.seed, data.renamed_column_share)
+    return {"train": train, "dev": sorted(dev, key=lambda d: d.name), "test": sorted(test, key=lambda d: d.name)}
 
 
 def sha256_file(path: Path) -> str:
@@ -105,7 +108,7 @@ def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dic
     by_split = split_domains(settings)
     sizes = {"train": data.train_size, "dev": data.dev_size, "test": data.test_size}
     n_neighbours = data.neighbours * (data.n_dev_databases + data.n_test_databases)
-    total = data.n_databases + sum(sizes.values()) + n_neighbours + 1
+    total = sum(map(len, by_split.values())) + sum(sizes.values()) + n_neighbours + 1
     bar = tqdm(total=total, desc="build corpus", unit="step", disable=not progress, leave=False)
     try:
         contexts: dict[str, list[DbContext]] = {}

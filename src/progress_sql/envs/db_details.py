@@ -46,7 +46,7 @@ class SchemaTexts:
     Texts are cached (a database's file by path, mtime and size, so a rebuilt file is read
     again); one instance is meant to be shared by every environment of a run. ``prompt_style``
     is ``env.prompt_style`` (default: the default settings'): ``paper`` renders DDL, ``compact``
-    ``table(column, ...)`` lines.
+    ``- table: column, ...`` lines.
     """
 
     def __init__(self, tables_json: str | os.PathLike | None = None, prompt_style: str | None = None) -> None:

@@ -11,7 +11,7 @@
   Algorithm 1: the invalid-action message, the turns-left reminder, the forced final answer.
 
 ``env.prompt_style: compact`` swaps each system prompt for a one-line one with the same tags
-and protocol (and ``SchemaTexts`` renders the schema as ``table(column, ...)`` lines): the
+and protocol (and ``SchemaTexts`` renders the schema as ``- table: column, ...`` lines): the
 default tiny CPU policy, trained from scratch, does not learn within its budget to read the
 ~800-token paper prompt, and learns to copy table and column names from the compact one. Real
 models take ``paper``.

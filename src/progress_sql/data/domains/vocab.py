@@ -51,3 +51,30 @@ NOUNS = (
     "Fire", "Star", "Window", "Winter", "Summer", "Kingdom", "Mirror", "Voice", "Island",
     "Forest", "Horizon", "Train", "Letter", "Empire", "Harbor", "Bridge", "Moon", "Thunder",
 )
+
+# Fresh identifiers for renamed copies of training domains (``domains.renaming``): common nouns
+# with regular plurals, no SQL keywords. A build drops any that a held-out domain uses.
+RENAME_WORDS = (
+    "acorn", "anchor", "anvil", "apricot", "arch", "arrow", "atlas", "badge", "bagel", "balcony",
+    "bamboo", "banner", "barrel", "basket", "beacon", "beetle", "bell", "berry", "blanket",
+    "blossom", "boulder", "bracket", "breeze", "brick", "bucket", "bundle", "button", "cabin",
+    "cactus", "candle", "canyon", "carpet", "castle", "cedar", "chalk", "channel", "chapel",
+    "cherry", "chimney", "cider", "cliff", "clover", "cobble", "comet", "compass", "copper",
+    "coral", "cotton", "crane", "crater", "crayon", "creek", "crystal", "cushion", "dagger",
+    "daisy", "delta", "desert", "diamond", "dolphin", "dragon", "drum", "dune", "eagle", "ember",
+    "emerald", "engine", "falcon", "feather", "fern", "ferry", "fiddle", "flame", "flint",
+    "fountain", "fossil", "galaxy", "garnet", "geyser", "ginger", "glacier", "goblet", "granite",
+    "gravel", "grove", "hammer", "harp", "hazel", "helmet", "hermit", "hinge", "hollow", "honey",
+    "igloo", "ink", "ivory", "jacket", "jasmine", "jewel", "jigsaw", "kettle", "kite", "ladder",
+    "lagoon", "lantern", "lava", "lemon", "lever", "lily", "lizard", "locket", "lotus", "magnet",
+    "mango", "maple", "marble", "meadow", "meteor", "mint", "mitten", "mosaic", "moss", "nectar",
+    "needle", "nest", "nickel", "nugget", "oak", "oasis", "olive", "onion", "orbit", "orchid",
+    "otter", "paddle", "pebble", "pepper", "petal", "pigeon", "pillar", "pine", "planet", "plum",
+    "pocket", "pollen", "pond", "poppy", "prism", "puddle", "pulley", "pumpkin", "quartz", "quill",
+    "radish", "raft", "raven", "reed", "ribbon", "ridge", "rocket", "saddle", "saffron", "sail",
+    "sapphire", "scarf", "shell", "shovel", "signal", "silk", "sparrow", "spindle", "spruce",
+    "squirrel", "summit", "sundial", "swan", "tablet", "tambourine", "teapot", "thimble",
+    "thistle", "thorn", "tiger", "timber", "tulip", "tunnel", "turnip", "tusk", "umbrella",
+    "valley", "vessel", "violet", "walnut", "wagon", "whistle", "willow", "wizard", "yarn",
+    "zephyr", "zigzag",
+)
