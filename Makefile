@@ -30,7 +30,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 test: setup
-	$(BIN)/python -m pytest -q
+	# the venv's console scripts (progress-sql, dvc, prefect) are on PATH, as after `source .venv/bin/activate`
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
 
 pipeline: setup
 	$(BIN)/dvc config core.analytics false
