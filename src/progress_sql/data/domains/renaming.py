@@ -113,14 +113,16 @@ def _rename_table(t: Table, tables: dict[str, str], cmap: dict[str, str]) -> Tab
     new = tables[t.name]
     cols = []
     for c in t.columns:
-        fresh = cmap[c.name] != c.name and c.kind not in ("id", "ref")
+        fresh = cmap[c.name] != c.name and c.kind not in ("id", "ref")  # a value column given a new word
+        if c.kind == "ref":
+            noun = tables[c.ref].replace("_", " ")  # a foreign key is called by its parent
+        else:
+            noun = cmap[c.name].replace("_", " ") if fresh else c.noun
         gen = replace(c.gen, column=cmap[c.gen.column]) if isinstance(c.gen, After) else c.gen
         cols.append(replace(
-            c, name=cmap[c.name], gen=gen,
-            noun=cmap[c.name].replace("_", " ") if fresh else (tables[c.ref].replace("_", " ") if c.kind == "ref" else c.noun),
-            synonyms=() if fresh else c.synonyms,
+            c, name=cmap[c.name], gen=gen, noun=noun, synonyms=() if fresh else c.synonyms,
             ref=tables[c.ref] if c.ref else "",
-            differs_from=cmap.get(c.differs_from, "") if c.differs_from else "",
+            differs_from=cmap[c.differs_from] if c.differs_from else "",
         ))
     singular = new.replace("_", " ")
     return replace(t, name=new, singular=singular, plural=_plural_phrase(singular), columns=tuple(cols),
