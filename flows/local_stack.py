@@ -226,6 +226,7 @@ def tiny_overrides(root: Path, tracking_uri: str | None = None) -> dict[str, Any
         "data.neighbours": 1,
         "model.base_dir": str(root / "tiny"), "model.vocab_size": 1024, "model.hidden_size": 64,
         "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2, "model.intermediate_size": 128,
+        "model.copy_warmup.steps": 3,
         "sft.init_from": str(root / "tiny"), "sft.out_dir": str(root / "sft"), "sft.epochs": 1.0,
         "sft.batch_size": 8, "sft.max_examples": 8, "sft.max_seq_len": 2048,
         "rl.init_from": str(root / "sft"), "rl.out_dir": str(root / "rl"), "rl.group_size": 2,

@@ -92,8 +92,8 @@ def validate_data(settings: Settings, corpus_dir: str, report_dir: str) -> str:
 
 @task(name="init-model", cache_policy=NO_CACHE)
 def init_model(settings: Settings, corpus_dir: str) -> str:
-    """``progress-sql train init``: the untrained tiny policy in ``model.base_dir``."""
-    return str(stages.init_model(settings, corpus_dir))
+    """``progress-sql train init``: the copy-pretrained tiny policy in ``model.base_dir``."""
+    return str(stages.init_model(settings, corpus_dir, progress=False))
 
 
 @task(name="sft", cache_policy=NO_CACHE)

@@ -24,7 +24,7 @@ TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
              "test_size": 4, "neighbours": 1, "rows_scale": 0.3},
     "model": {"vocab_size": 512, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-              "intermediate_size": 64, "max_position_embeddings": 2048},
+              "intermediate_size": 64, "max_position_embeddings": 2048, "copy_warmup": {"steps": 3}},
     "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048},
     "rl": {"env": "single_turn", "steps": 2, "group_size": 2, "questions_per_step": 1, "micro_batch_size": 2,
            "checkpoint_every": 1, "keep_checkpoints": 1, "save_rollouts": False},
@@ -78,6 +78,9 @@ def test_train_init_sft_rl_then_eval(workdir):
     result = cli("train", "init")
     assert result.exit_code == 0, result.output
     assert (workdir / "base" / "config.json").is_file() and "built" in result.output
+    assert "copy warmup: 3 steps" in result.output  # the figures of tiny_model.json, said on the console
+    (init_run,) = stage_runs("init_model")
+    assert 0 <= init_run.data.metrics["copy_warmup/copy_accuracy"] <= 1
 
     result = cli("train", "sft", "--no-progress")
     assert result.exit_code == 0, result.output

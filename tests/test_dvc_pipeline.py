@@ -26,7 +26,7 @@ TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
              "test_size": 4, "neighbours": 1, "rows_scale": 0.3},
     "model": {"vocab_size": 512, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-              "intermediate_size": 64},
+              "intermediate_size": 64, "copy_warmup": {"steps": 3}},
     "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048},
     "rl": {"env": "single_turn", "steps": 1, "group_size": 2, "questions_per_step": 1, "micro_batch_size": 2,
            "checkpoint_every": 1, "keep_checkpoints": 1},

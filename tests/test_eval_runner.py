@@ -26,7 +26,7 @@ from progress_sql.rewards.formats import FORMATS, parse_output
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
               "test_size": 12, "neighbours": 2, "rows_scale": 0.3}
 TINY_MODEL = {"vocab_size": 2048, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-              "intermediate_size": 128}
+              "intermediate_size": 128, "copy_warmup": {"steps": 0}}
 
 
 # The paper's protocol (Vote@8, pass@8, every example), not the CPU pipeline's budget defaults.

@@ -25,7 +25,7 @@ from progress_sql.train.policy import chat_prompt_ids  # noqa: E402
 from progress_sql.train.tiny import tiny_config, train_tokenizer  # noqa: E402
 
 TINY = {"vocab_size": 400, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 256}
+        "intermediate_size": 128, "max_position_embeddings": 256, "copy_warmup": {"steps": 0}}
 TEXTS = [
     "SELECT name FROM ward WHERE floor > 2 ORDER BY beds DESC LIMIT 3",
     "<think>Tables: ward. Filter: floor > 2. Output: name.</think>\n<sql>SELECT name FROM ward</sql>",

@@ -30,7 +30,7 @@ GATE = "dev/greedy/ex"
 CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
           "test_size": 4, "neighbours": 0, "rows_scale": 0.3}
 TINY = {"vocab_size": 512, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 2048}
+        "intermediate_size": 128, "max_position_embeddings": 2048, "copy_warmup": {"steps": 0}}
 QUESTION = "How many students are there?"
 ANSWER = "<think>count the students</think><sql>SELECT count(*) FROM student</sql>"
 

@@ -37,7 +37,7 @@ from progress_sql.train.sft import (  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 
 TINY = {"vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 2048}
+        "intermediate_size": 128, "max_position_embeddings": 2048, "copy_warmup": {"steps": 0}}
 CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 60, "dev_size": 10,
           "test_size": 10, "neighbours": 0}
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM  # noqa: E402
 
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
@@ -24,12 +24,22 @@ from progress_sql.train.policy import (  # noqa: E402
     resolve_dtype,
     smollm2_gguf,
 )
-from progress_sql.train.tiny import FORMAT_TAGS, build_tiny_model, corpus_texts, train_tokenizer  # noqa: E402
+from progress_sql.train.tiny import (  # noqa: E402
+    FORMAT_TAGS,
+    _copy_rows,
+    build_tiny_model,
+    copy_accuracy,
+    copy_warmup,
+    corpus_texts,
+    fixed_texts,
+    tiny_config,
+    train_tokenizer,
+)
 
 TINY = {"vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 1024}
+        "intermediate_size": 128, "max_position_embeddings": 1024, "copy_warmup": {"steps": 0}}
 CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 40, "dev_size": 10,
-          "test_size": 10, "neighbours": 0}
+          "test_size": 10, "neighbours": 0, "renamed_copies": 0}
 
 
 def tiny_settings(**model):
@@ -144,6 +154,54 @@ def test_build_is_deterministic_and_llama_works(corpus, tiny_dir, tmp_path):
     assert model.config.model_type == "llama" and tok.padding_side == "left"
     c = model.state_dict()
     assert not torch.equal(c["model.embed_tokens.weight"], a["model.embed_tokens.weight"])  # seed 1 ≠ seed 0
+
+
+def test_copy_rows_label_the_repeat_only():
+    import random
+
+    pool = list(range(10, 60))
+    input_ids, attention, labels = _copy_rows(pool, sep=1, pad=0, count=6, max_len=12, rng=random.Random(0))
+    for ids, att, lab in zip(input_ids.tolist(), attention.tolist(), labels.tolist()):
+        row = ids[:sum(att)]
+        n = (len(row) - 1) // 2
+        string = row[:n]
+        assert 8 <= n <= 12 and row == string + [1] + string and set(string) <= set(pool)
+        assert all(t == 0 for t in ids[len(row):])  # right padding
+        # Only the repeat after its first token is a label, and it labels itself (the model shifts).
+        assert lab[:n + 2] == [-100] * (n + 2) and lab[n + 2:len(row)] == string[1:]
+        assert all(t == -100 for t in lab[len(row):])
+
+
+def test_copy_warmup_teaches_an_untrained_model_to_copy():
+    torch.set_num_threads(1)
+    tokenizer = train_tokenizer(fixed_texts() * 3, 400)
+    settings = tiny_settings(vocab_size=400, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny_config(settings, tokenizer))
+    assert copy_accuracy(model, tokenizer, max_len=8) < 0.05  # chance: one in ~360 tokens
+    warmup = settings.model.copy_warmup.model_copy(update={"steps": 200, "max_len": 8, "lr": 3e-3, "target_loss": 0})
+    report = copy_warmup(model, tokenizer, warmup, seed=0)
+    assert report["steps"] == 200 and report["final_loss"] < report["first_loss"] / 4
+    # Fresh strings, never trained on: the model copies them (an induction head formed).
+    assert report["copy_accuracy"] > 0.9 and not model.training
+
+
+def test_copy_warmup_stops_at_the_target_loss():
+    tokenizer = train_tokenizer(fixed_texts() * 3, 400)
+    settings = tiny_settings(vocab_size=400, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny_config(settings, tokenizer))
+    warmup = settings.model.copy_warmup.model_copy(update={"steps": 400, "max_len": 8, "lr": 3e-3, "target_loss": 2.0})
+    report = copy_warmup(model, tokenizer, warmup, seed=0)
+    assert 50 <= report["steps"] < 400 and report["final_loss"] < 2.0
+
+
+def test_build_tiny_model_records_the_copy_warmup(corpus, tmp_path):
+    out = build_tiny_model(corpus, tiny_settings(copy_warmup={"steps": 5, "max_len": 8}), tmp_path / "warm")
+    record = json.loads((out / "tiny_model.json").read_text())["copy_warmup"]
+    assert record["steps"] == 5 and 0 <= record["copy_accuracy_before"] <= 1 and 0 <= record["copy_accuracy"] <= 1
+    cold = json.loads((build_tiny_model(corpus, tiny_settings(), tmp_path / "cold") / "tiny_model.json").read_text())
+    assert set(cold["copy_warmup"]) == {"copy_accuracy_before"}  # steps 0: untrained
 
 
 def test_build_tiny_model_defaults_to_the_settings_base_dir(corpus, tmp_path):

@@ -62,6 +62,7 @@ def _settings(init_from: Path | str = ""):
     s = default_settings().model_copy(deep=True)
     m = s.model
     m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size = 1024, 64, 2, 4, 2, 128
+    m.copy_warmup.steps = 0
     s.env.max_turns = 2
     s.generation.max_new_tokens = 24
     rl = s.rl

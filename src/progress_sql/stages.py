@@ -12,6 +12,7 @@ imports this module for every command.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -48,14 +49,18 @@ def validate_data(settings: Settings, corpus_dir: str | Path, report_dir: str | 
     return report
 
 
-def init_model(settings: Settings, corpus_dir: str | Path, out: str | Path | None = None) -> Path:
-    """``init_model``: the untrained tiny policy (a BPE tokenizer trained on the corpus, a
-    model from ``model.*``) in ``out`` (default ``model.base_dir``); its folder."""
+def init_model(settings: Settings, corpus_dir: str | Path, out: str | Path | None = None, *,
+               progress: bool = True) -> Path:
+    """``init_model``: the tiny policy (a BPE tokenizer trained on the corpus, a model from
+    ``model.*``, copy-pretrained by ``model.copy_warmup``) in ``out`` (default
+    ``model.base_dir``); its folder."""
     from progress_sql import tracking
     from progress_sql.train.tiny import build_tiny_model
 
     with tracking.stage_run("init_model", settings, corpus_dir=str(corpus_dir)):
-        path = build_tiny_model(corpus_dir, settings, out)
+        path = build_tiny_model(corpus_dir, settings, out, progress=progress)
+        warmup = json.loads((path / "tiny_model.json").read_text(encoding="utf-8"))["copy_warmup"]
+        tracking.log_metrics({f"copy_warmup/{k}": v for k, v in warmup.items()}, to_parent=False)
         tracking.log_artifacts(path / "tiny_model.json")
     return path
 

@@ -5,6 +5,7 @@ MLflow run; the summary metrics and curves also go to ``--report-dir`` for ``dvc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -33,13 +34,21 @@ def init(
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Model folder (default: model.base_dir)"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
-    """Build the untrained tiny policy: a BPE tokenizer trained on the corpus and a model from model.*."""
+    """Build the tiny policy: a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained."""
     settings = load_or_exit(params, parse_overrides(overrides))
     with stage_or_exit("init_model", _policy_errors()):
-        path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out)
+        path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out, progress=progress)
     typer.echo(f"built {path} ({settings.model.arch}, {settings.model.num_layers} layers, "
                f"hidden {settings.model.hidden_size}, vocabulary {settings.model.vocab_size})")
+    warmup = json.loads((path / "tiny_model.json").read_text(encoding="utf-8"))["copy_warmup"]
+    if warmup.get("steps"):
+        line = (f"copy warmup: {warmup['steps']} steps, loss {warmup['first_loss']:.3f} → {warmup['final_loss']:.3f}, "
+                f"copy accuracy {warmup['copy_accuracy_before']:.2f} → {warmup['copy_accuracy']:.2f}")
+        if warmup["copy_accuracy"] < 0.5:  # the induction head forms suddenly; before that SFT memorises names
+            line += " (below 0.5: the model cannot copy yet; raise model.copy_warmup.steps)"
+        typer.echo(line)
 
 
 @app.command("sft")

@@ -5,7 +5,7 @@ envs/) never import from here. This package file stays import-light (no torch at
 ``import progress_sql.train`` is cheap; import the submodules you need:
 
 - ``train.policy``: ``load_policy``, ``chat_prompt_ids``, ``load_smollm2``
-- ``train.tiny``: ``train_tokenizer``, ``build_tiny_model`` (the CPU policy)
+- ``train.tiny``: ``train_tokenizer``, ``build_tiny_model`` (the CPU policy), ``copy_warmup``
 - ``train.generation``: ``Sample``, ``GenerationBackend``, ``TransformersBackend``,
   ``VLLMBackend``, ``make_backend``
 - ``train.sft``: ``build_sft_examples``, ``run_sft``, ``greedy_ex``
