@@ -223,6 +223,7 @@ class CopyWarmupSettings(_Section):
     target_loss: float = Field(0.3, ge=0.0)  # stop once the mean loss of the last 50 steps is below (0: run all steps)
     lr: float = Field(2e-3, gt=0.0)
     batch_size: int = Field(32, ge=1)
+    grad_clip: float = Field(1.0, gt=0.0)  # max gradient norm
     max_len: int = Field(32, ge=2)  # a string has 8..max_len tokens (fewer when max_len < 8)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import torch
-from tqdm import tqdm
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
 from transformers import (
     GenerationConfig,
     LlamaConfig,
@@ -217,7 +217,7 @@ def copy_warmup(model: Any, tokenizer: PreTrainedTokenizerFast, warmup: CopyWarm
                      labels=labels.to(model.device)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), warmup.grad_clip)
         optimizer.step()
         losses.append(float(loss.detach()))
         recent = sum(losses[-50:]) / len(losses[-50:])
