@@ -87,6 +87,7 @@ def test_train_init_sft_rl_then_eval(workdir):
     summary = json.loads((workdir / "reports" / "train" / "sft.json").read_text())
     rows = list(csv.DictReader((workdir / "reports" / "train" / "sft_loss.csv").open()))
     assert summary["sft/steps"] == len(rows) >= 1 and summary["sft/final_loss"] > 0
+    assert summary["sft/final_copy_loss"] > 0 and ", copy loss " in result.output  # sft.copy_rows, on by default
     (sft_run,) = stage_runs("sft")
     history = MlflowClient().get_metric_history(sft_run.info.run_id, "sft/loss")
     assert [m.step for m in history] == list(range(1, len(rows) + 1))

@@ -34,7 +34,7 @@ from progress_sql.train.sft import (  # noqa: E402
     target_text,
     token_loss,
 )
-from progress_sql.train.tiny import build_tiny_model  # noqa: E402
+from progress_sql.train.tiny import build_tiny_model, copy_accuracy, copy_rows, ordinary_ids  # noqa: E402
 
 TINY = {"vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
         "intermediate_size": 128, "max_position_embeddings": 2048, "copy_warmup": {"steps": 0}}
@@ -270,6 +270,42 @@ def test_sft_respects_max_seq_len_and_the_time_budget(workdir, tmp_path):
     with pytest.raises(ValueError, match="max_seq_len"):
         run_sft(make_settings(workdir, max_examples=4, max_seq_len=32), workdir / "corpus", out_dir=tmp_path / "x",
                 progress=False)
+
+
+def test_copy_rows_add_the_copy_loss_on_fresh_strings_to_each_step(workdir, tmp_path):
+    """With sft.copy_rows the step's loss is the SFT loss plus the copy-warmup loss on that many
+    random strings (drawn from the seed): step 1 shows both terms, computed on the start model."""
+    runs = {}
+    for rows in (0, 6):
+        settings = make_settings(workdir, max_examples=8, epochs=1.0, revision_share=0.0, copy_rows=rows)
+        runs[rows] = run_sft(settings, workdir / "corpus", out_dir=tmp_path / f"c{rows}", progress=False)
+    assert runs[0].copy_losses == [] and runs[0].final_copy_loss is None
+    assert len(runs[6].copy_losses) == runs[6].steps == 1
+    assert runs[6].losses[0] == pytest.approx(runs[0].losses[0], rel=1e-5)  # the SFT term alone
+    model, tokenizer = load_policy(workdir / "base")
+    ids, attention, labels = copy_rows(ordinary_ids(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, 6,
+                                       settings.model.copy_warmup.max_len, random.Random("0:sft-copy"))
+    model.train()  # as in the SFT loop (no dropout in the tiny model either way)
+    with torch.no_grad():
+        expected = float(model(input_ids=ids, attention_mask=attention, labels=labels).loss)
+    assert runs[6].copy_losses[0] == pytest.approx(expected, rel=1e-4)
+    assert runs[6].final_copy_loss == pytest.approx(expected, rel=1e-4)
+
+
+def test_copy_rows_keep_the_copy_warmup_through_sft(workdir, tmp_path):
+    """SFT alone unlearns copying (the tokens of strings it never writes lose their logits);
+    with copy rows in every step the policy still copies fresh strings afterwards."""
+    warm = {**TINY, "copy_warmup": {"steps": 600, "max_len": 8, "lr": 3e-3, "target_loss": 0.3}}
+    settings = settings_from_dict({"data": CORPUS, "model": warm})
+    build_tiny_model(workdir / "corpus", settings, tmp_path / "warm")
+    assert copy_accuracy(*load_policy(tmp_path / "warm"), max_len=8) > 0.9
+    after = {}
+    for rows in (0, 16):
+        sft = make_settings(workdir, init_from=str(tmp_path / "warm"), max_examples=40, epochs=8.0, lr=1e-2,
+                            copy_rows=rows).model_copy(update={"model": settings.model})  # strings as warmed
+        run_sft(sft, workdir / "corpus", out_dir=tmp_path / f"sft{rows}", progress=False)
+        after[rows] = copy_accuracy(*load_policy(tmp_path / f"sft{rows}"), max_len=8)
+    assert after[0] < 0.3 < 0.9 < after[16]
 
 
 def test_lora_trains_an_adapter_and_saves_a_merged_model(workdir, tmp_path):

@@ -26,9 +26,9 @@ from progress_sql.train.policy import (  # noqa: E402
 )
 from progress_sql.train.tiny import (  # noqa: E402
     FORMAT_TAGS,
-    _copy_rows,
     build_tiny_model,
     copy_accuracy,
+    copy_rows,
     copy_warmup,
     corpus_texts,
     fixed_texts,
@@ -160,7 +160,7 @@ def test_copy_rows_label_the_repeat_only():
     import random
 
     pool = list(range(10, 60))
-    input_ids, attention, labels = _copy_rows(pool, sep=1, pad=0, count=6, max_len=12, rng=random.Random(0))
+    input_ids, attention, labels = copy_rows(pool, sep=1, pad=0, count=6, max_len=12, rng=random.Random(0))
     for ids, att, lab in zip(input_ids.tolist(), attention.tolist(), labels.tolist()):
         row = ids[:sum(att)]
         n = (len(row) - 1) // 2

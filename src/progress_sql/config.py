@@ -271,8 +271,9 @@ class SFTSettings(_Section):
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, gt=0.0)  # max gradient norm
-    max_minutes: float = Field(12.0, ge=0.0)  # training-loop wall-clock budget; 0: none
+    max_minutes: float = Field(24.0, ge=0.0)  # training-loop wall-clock budget; 0: none
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
+    copy_rows: int = Field(16, ge=0)  # random copy strings added to each step's loss (model.copy_warmup); 0: none
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
     lora: LoRASettings = LoRASettings()
 

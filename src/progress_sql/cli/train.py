@@ -65,8 +65,9 @@ def sft(
     with stage_or_exit("sft", _policy_errors()):
         result, _ = stages.sft(settings, Path(corpus or settings.data.out_dir), out=out, report_dir=report_dir,
                                progress=progress)
+    copy = f", copy loss {result.final_copy_loss:.3f}" if result.copy_losses else ""
     typer.echo(f"sft: {result.steps} steps in {result.seconds:.0f} s, loss {result.losses[0]:.3f} → "
-               f"{result.final_loss:.3f}{' (stopped by sft.max_minutes)' if result.stopped_early else ''}; "
+               f"{result.final_loss:.3f}{copy}{' (stopped by sft.max_minutes)' if result.stopped_early else ''}; "
                f"saved {result.out_dir}")
 
 

@@ -2,7 +2,8 @@
 ``dvc plots`` (a stage's model folder is a DVC output, and DVC refuses metrics inside another
 output), and the summary metrics logged to MLflow under the same keys:
 
-    sft.json        sft/final_loss, sft/first_loss, sft/steps, sft/tokens, sft/tokens_per_s, sft/seconds
+    sft.json        sft/final_loss, sft/first_loss, sft/steps, sft/tokens, sft/tokens_per_s, sft/seconds,
+                    sft/final_copy_loss (with sft.copy_rows)
     sft_loss.csv    step, loss                      (the SFT loss curve)
     rl.json         rl/steps, rl/reward_mean, rl/ex, rl/... (means over the last steps), rl/seconds
     rl_curve.csv    step and every per-step metric of metrics.jsonl (the RL reward curve)
@@ -42,6 +43,8 @@ def sft_reports(result: Any, report_dir: Path) -> dict[str, float]:
         "sft/seconds": float(result.seconds),
         "sft/dropped_too_long": float(result.dropped_too_long),
     }
+    if result.copy_losses:
+        summary["sft/final_copy_loss"] = result.final_copy_loss
     write_json(report_dir / "sft.json", _finite(summary))
     write_csv(report_dir / "sft_loss.csv", ({"step": i, "loss": round(v, 6)} for i, v in enumerate(result.losses, 1)),
               ("step", "loss"))

@@ -45,6 +45,7 @@ from progress_sql.rewards.formats import FormatName
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.train.generation import ChatPolicy, cache_kwarg, make_backend
 from progress_sql.train.policy import load_policy
+from progress_sql.train.tiny import copy_rows, ordinary_ids
 
 Message = dict[str, str]
 _TAGS = {"think_sql": ("think", "sql"), "reasoning_answer": ("reasoning", "answer"), "trail": ("think", "solution")}
@@ -205,7 +206,14 @@ class SFTResult:
     seconds: float
     stopped_early: bool
     lora: bool
+    copy_losses: list[float] = field(default_factory=list)  # the sft.copy_rows term, per step (empty: off)
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_copy_loss(self) -> float | None:
+        """Mean copy term of the last 20 steps; None without ``sft.copy_rows``."""
+        tail = self.copy_losses[-20:]
+        return sum(tail) / len(tail) if tail else None
 
 
 def _batches(lengths: list[int], groups: list[str], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -308,6 +316,20 @@ def _with_lora(model: Any, settings: Settings) -> Any:
     return get_peft_model(model, config)
 
 
+def _copy_loss(model: Any, tokenizer: Any, pool: list[int], count: int, settings: Settings,
+               rng: random.Random) -> torch.Tensor:
+    """The copy-warmup loss on ``count`` fresh random strings (``tiny.copy_rows``).
+
+    Why in SFT: a token that never appears in an SFT target (a piece of an unseen database's
+    name) only ever has its logit pushed down, so after a few thousand steps the policy can no
+    longer write it even when the schema holds it; the strings keep every token's output and
+    the copy head alive."""
+    input_ids, attention, labels = copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id, count,
+                                             settings.model.copy_warmup.max_len, rng)
+    return model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
+                 labels=labels.to(model.device)).loss
+
+
 def load_train_examples(corpus_dir: str | Path, settings: Settings) -> list[Example]:
     """The train split, shuffled by the seed and cut to ``sft.max_examples`` (0: all)."""
     examples = list(read_jsonl(CorpusLayout(Path(corpus_dir)).split("train")))
@@ -330,6 +352,8 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     ends at that wall-clock budget, and the schedule runs on whichever of steps or time is
     further along, so a slow machine still finishes its decay (such a run is not bit-for-bit
     reproducible across machines; ``max_minutes: 0`` is).
+    With ``sft.copy_rows`` > 0 each step's loss also holds the copy warmup's loss on that many
+    random strings (``_copy_loss``); ``losses`` keep the SFT term alone, ``copy_losses`` the other.
     With ``sft.lora.enabled`` a LoRA adapter is trained: it is saved in ``out_dir/adapter`` and
     merged into the full model saved in ``out_dir``, so later stages load it like any other.
     """
@@ -357,11 +381,13 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
         model = _with_lora(model, settings)
     model.train()
     rng = random.Random(f"{settings.seed}:sft-batches")
+    copy_rng, copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
     total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
     lengths = [len(ids) for ids, _ in encoded]
-    losses: list[float] = []
+    losses: list[float] = []  # the SFT loss alone
+    copy_losses: list[float] = []
     tokens, sequence_tokens, stopped, step = 0, 0, False, 0
     budget_s = sft.max_minutes * 60
     train_started = time.perf_counter()
@@ -374,8 +400,13 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
             for group in optimizer.param_groups:
                 group["lr"] = sft.lr * schedule_factor(done, sft.warmup_ratio)
             loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
+            total_loss = loss
+            if sft.copy_rows:
+                copy_loss = _copy_loss(model, tokenizer, copy_pool, sft.copy_rows, settings, copy_rng)
+                total_loss = loss + copy_loss
+                copy_losses.append(float(copy_loss.detach()))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            total_loss.backward()
             torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
             optimizer.step()
             losses.append(float(loss.detach()))
@@ -404,7 +435,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     result = SFTResult(
         out_dir=str(out), losses=losses, final_loss=sum(tail) / len(tail), steps=step, examples=counts,
         dropped_too_long=dropped, tokens=tokens, seconds=round(seconds, 2), stopped_early=stopped,
-        lora=sft.lora.enabled,
+        lora=sft.lora.enabled, copy_losses=copy_losses,
     )
     result.metrics = {"sft": sft.model_dump(), "init_from": sft.init_from, "sequence_tokens": sequence_tokens,
                       "sequence_tokens_per_s": round(sequence_tokens / seconds, 1),

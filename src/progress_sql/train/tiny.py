@@ -152,7 +152,7 @@ def tiny_config(settings: Settings, tokenizer: PreTrainedTokenizerFast) -> Qwen2
 
 
 # ----------------------------------------------------------------------------- copy warmup
-def _copy_rows(pool: list[int], sep: int, pad: int, count: int, max_len: int,
+def copy_rows(pool: list[int], sep: int, pad: int, count: int, max_len: int,
                rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` rows ``s + [sep] + s`` of random strings ``s`` drawn from ``pool``, right-padded:
     ``(input_ids, attention_mask, labels)``. Labels hold the repeat from its second token (the
@@ -170,7 +170,7 @@ def _copy_rows(pool: list[int], sep: int, pad: int, count: int, max_len: int,
     return input_ids, attention, labels
 
 
-def _ordinary_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+def ordinary_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     """Every token id but the special tokens and the added format tags."""
     reserved = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     return [i for i in range(len(tokenizer)) if i not in reserved]
@@ -183,7 +183,7 @@ def copy_accuracy(model: Any, tokenizer: PreTrainedTokenizerFast, *, strings: in
     that the model's argmax predicts, teacher-forced: 1/vocabulary by chance, near 1 once it
     copies."""
     rng = random.Random(f"{seed}:copy-accuracy")
-    input_ids, attention, labels = _copy_rows(_ordinary_ids(tokenizer), tokenizer.eos_token_id,
+    input_ids, attention, labels = copy_rows(ordinary_ids(tokenizer), tokenizer.eos_token_id,
                                               tokenizer.pad_token_id, strings, max_len, rng)
     logits = model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device)).logits
     target = labels[:, 1:].to(model.device)
@@ -205,13 +205,13 @@ def copy_warmup(model: Any, tokenizer: PreTrainedTokenizerFast, warmup: CopyWarm
     the steps run, the loss at the first and last steps and ``copy_accuracy``.
     """
     rng = random.Random(f"{seed}:copy-warmup")
-    pool = _ordinary_ids(tokenizer)
+    pool = ordinary_ids(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=warmup.lr, weight_decay=0.0)
     losses: list[float] = []
     model.train()
     bar = tqdm(total=warmup.steps, desc="copy warmup", disable=not progress)
     while len(losses) < warmup.steps:
-        input_ids, attention, labels = _copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id,
+        input_ids, attention, labels = copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id,
                                                   warmup.batch_size, warmup.max_len, rng)
         loss = model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
                      labels=labels.to(model.device)).loss
