@@ -84,6 +84,7 @@ def warm(tmp_path_factory) -> tuple[Path, Path]:
     base = build_tiny_model(corpus, s, root / "base")
     s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 60.0  # 60 steps: loss ~0.5
     s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio = 1e-2, 4, 0.0
+    s.sft.copy_rows = 0  # no copy warmup to keep; the seeded rollouts below are drawn from this policy
     run_sft(s, corpus, out_dir=root / "sft", progress=False)
     return corpus, root / "sft"
 
@@ -153,6 +154,8 @@ def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
     s.rl.steps, s.rl.questions_per_step = 1, 1
     result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
     assert json.loads((result.final_dir / "rl_run.json").read_text())["zero_stage"] == 3
+    rewards = {row["reward"] for row in _rollout_rows(result.out_dir, 1)}
+    assert len(rewards) > 1, "the step's one group needs unequal rewards to learn from"
     assert _finite(result.metrics[0])
     start, final = _weights(policy), _weights(result.final_dir)
     assert {k: v.shape for k, v in final.items()} == {k: v.shape for k, v in start.items()}
