@@ -45,7 +45,7 @@ from progress_sql.rewards.formats import FormatName
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.train.generation import ChatPolicy, cache_kwarg, make_backend
 from progress_sql.train.policy import load_policy
-from progress_sql.train.tiny import copy_rows, ordinary_ids
+from progress_sql.train.tiny import copy_loss, ordinary_ids
 
 Message = dict[str, str]
 _TAGS = {"think_sql": ("think", "sql"), "reasoning_answer": ("reasoning", "answer"), "trail": ("think", "solution")}
@@ -316,20 +316,6 @@ def _with_lora(model: Any, settings: Settings) -> Any:
     return get_peft_model(model, config)
 
 
-def _copy_loss(model: Any, tokenizer: Any, pool: list[int], count: int, settings: Settings,
-               rng: random.Random) -> torch.Tensor:
-    """The copy-warmup loss on ``count`` fresh random strings (``tiny.copy_rows``).
-
-    Why in SFT: a token that never appears in an SFT target (a piece of an unseen database's
-    name) only ever has its logit pushed down, so after a few thousand steps the policy can no
-    longer write it even when the schema holds it; the strings keep every token's output and
-    the copy head alive."""
-    input_ids, attention, labels = copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id, count,
-                                             settings.model.copy_warmup.max_len, rng)
-    return model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-                 labels=labels.to(model.device)).loss
-
-
 def load_train_examples(corpus_dir: str | Path, settings: Settings) -> list[Example]:
     """The train split, shuffled by the seed and cut to ``sft.max_examples`` (0: all)."""
     examples = list(read_jsonl(CorpusLayout(Path(corpus_dir)).split("train")))
@@ -353,7 +339,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     further along, so a slow machine still finishes its decay (such a run is not bit-for-bit
     reproducible across machines; ``max_minutes: 0`` is).
     With ``sft.copy_rows`` > 0 each step's loss also holds the copy warmup's loss on that many
-    random strings (``_copy_loss``); ``losses`` keep the SFT term alone, ``copy_losses`` the other.
+    random strings (``tiny.copy_loss``); ``losses`` keep the SFT term alone, ``copy_losses`` the other.
     With ``sft.lora.enabled`` a LoRA adapter is trained: it is saved in ``out_dir/adapter`` and
     merged into the full model saved in ``out_dir``, so later stages load it like any other.
     """
@@ -382,6 +368,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     model.train()
     rng = random.Random(f"{settings.seed}:sft-batches")
     copy_rng, copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
+    copy_max_len = settings.model.copy_warmup.max_len  # strings as long as the warmup's
     total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
@@ -402,9 +389,12 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
             loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
             total_loss = loss
             if sft.copy_rows:
-                copy_loss = _copy_loss(model, tokenizer, copy_pool, sft.copy_rows, settings, copy_rng)
-                total_loss = loss + copy_loss
-                copy_losses.append(float(copy_loss.detach()))
+                # A token no SFT target holds (a piece of an unseen database's name) only ever has
+                # its logit pushed down, until the policy cannot write it even when the schema
+                # does; the copy strings keep every token's output and the copy head alive.
+                copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows, copy_max_len, copy_rng)
+                total_loss = loss + copy_term
+                copy_losses.append(float(copy_term.detach()))
             optimizer.zero_grad(set_to_none=True)
             total_loss.backward()
             torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)

@@ -153,7 +153,7 @@ def tiny_config(settings: Settings, tokenizer: PreTrainedTokenizerFast) -> Qwen2
 
 # ----------------------------------------------------------------------------- copy warmup
 def copy_rows(pool: list[int], sep: int, pad: int, count: int, max_len: int,
-               rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` rows ``s + [sep] + s`` of random strings ``s`` drawn from ``pool``, right-padded:
     ``(input_ids, attention_mask, labels)``. Labels hold the repeat from its second token (the
     first only says where the repeat starts); everything else is -100."""
@@ -176,6 +176,14 @@ def ordinary_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     return [i for i in range(len(tokenizer)) if i not in reserved]
 
 
+def copy_loss(model: Any, tokenizer: PreTrainedTokenizerFast, pool: list[int], count: int, max_len: int,
+              rng: random.Random) -> torch.Tensor:
+    """The model's loss on the repeats of ``count`` fresh random strings from ``pool`` (``copy_rows``)."""
+    input_ids, attention, labels = copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id, count, max_len, rng)
+    return model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
+                 labels=labels.to(model.device)).loss
+
+
 @torch.no_grad()
 def copy_accuracy(model: Any, tokenizer: PreTrainedTokenizerFast, *, strings: int = 64, max_len: int = 32,
                   seed: int = 1) -> float:
@@ -184,7 +192,7 @@ def copy_accuracy(model: Any, tokenizer: PreTrainedTokenizerFast, *, strings: in
     copies."""
     rng = random.Random(f"{seed}:copy-accuracy")
     input_ids, attention, labels = copy_rows(ordinary_ids(tokenizer), tokenizer.eos_token_id,
-                                              tokenizer.pad_token_id, strings, max_len, rng)
+                                             tokenizer.pad_token_id, strings, max_len, rng)
     logits = model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device)).logits
     target = labels[:, 1:].to(model.device)
     hits = (logits[:, :-1].argmax(-1) == target) & (target != -100)
@@ -211,10 +219,7 @@ def copy_warmup(model: Any, tokenizer: PreTrainedTokenizerFast, warmup: CopyWarm
     model.train()
     bar = tqdm(total=warmup.steps, desc="copy warmup", disable=not progress)
     while len(losses) < warmup.steps:
-        input_ids, attention, labels = copy_rows(pool, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                                  warmup.batch_size, warmup.max_len, rng)
-        loss = model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-                     labels=labels.to(model.device)).loss
+        loss = copy_loss(model, tokenizer, pool, warmup.batch_size, warmup.max_len, rng)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), warmup.grad_clip)
