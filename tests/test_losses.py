@@ -33,6 +33,13 @@ def test_group_advantages_without_std_scaling_is_dr_grpo():
     assert adv.tolist() == pytest.approx([-2.0, 0.0, 2.0, 0.0])  # a lone episode gets 0
 
 
+def test_negative_advantages_are_scaled_and_positive_ones_kept():
+    full = group_advantages([1.0, 3.0, 5.0, 7.0, 0.0, 2.0], [0, 0, 0, 0, 1, 1], eps=0.0)
+    scaled = group_advantages([1.0, 3.0, 5.0, 7.0, 0.0, 2.0], [0, 0, 0, 0, 1, 1], eps=0.0, negative_scale=0.1)
+    assert scaled.tolist() == pytest.approx([a * 0.1 if a < 0 else a for a in full.tolist()])
+    assert group_advantages([1.0, 3.0], [0, 0], eps=0.0, scale_std=False, negative_scale=0.0).tolist() == [0.0, 1.0]
+
+
 def test_group_advantages_reject_mismatched_shapes():
     with pytest.raises(ValueError, match="equal length"):
         group_advantages([1.0, 2.0], [0], eps=1e-6)

@@ -282,3 +282,35 @@ def test_recipe_and_env_must_speak_one_format(warm, tmp_path):
     s.rl.recipe, s.rl.env = "sql_trail", "odt_feedback"
     with pytest.raises(ValueError, match="pick a matching pair"):
         run_rl(s, corpus, out_dir=tmp_path, progress=False)
+
+
+
+@pytest.fixture(scope="module")
+def half_right(warm, tmp_path_factory) -> tuple[Path, Path]:
+    """(corpus, policy): the warm fixture's base after a longer SFT (80 steps), which samples
+    the right SQL for about half of its rollouts of the four train questions (temperature 1)."""
+    corpus, sft = warm
+    s = _settings()
+    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(sft.parent / "base"), 0.0, 80.0
+    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
+    out = tmp_path_factory.mktemp("half-right") / "sft"
+    run_sft(s, corpus, out_dir=out, progress=False)
+    return corpus, out
+
+
+def test_rl_raises_ex_on_its_own_questions(half_right, tmp_path):
+    """The loop optimises what it is paid for: RL with the default recipe and environment
+    (progress, odt_feedback) on the four train questions raises the share of right rollouts.
+    Without learning (lr ~0) the same seeded rollouts score about 0.44 in steps 1-10 and 0.52
+    in steps 21-30; with rl.negative_advantage_scale 1.0 at this lr the policy collapses
+    (0.50 → 0.16 after one update)."""
+    corpus, policy = half_right
+    s = _settings(policy)
+    s.rl.deepspeed, s.rl.save_rollouts, s.rl.checkpoint_every = "never", False, 100
+    s.rl.steps, s.rl.questions_per_step, s.rl.group_size, s.rl.micro_batch_size = 30, 4, 8, 16
+    s.rl.lr, s.rl.negative_advantage_scale = 1e-3, 0.1
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    ex = [m["ex"] for m in result.metrics]
+    assert len(ex) == 30
+    first, last = sum(ex[:10]) / 10, sum(ex[-10:]) / 10
+    assert last > first + 0.15 and last > 0.6, ex

@@ -300,6 +300,9 @@ class RLSettings(_Section):
     clip_eps_high: float = Field(0.2, gt=0.0, lt=1.0)  # DAPO clip-higher: set above clip_eps (0.28)
     kl_beta: float = Field(0.0, ge=0.0)  # 0: no reference model is kept
     adv_eps: float = Field(1e-6, gt=0.0)
+    # Negative advantages are multiplied by this (1.0: GRPO as published). Below 1, wrong rollouts
+    # are pushed down less than right ones are pushed up (a small policy's many wrong ones crowd out the few right).
+    negative_advantage_scale: float = Field(1.0, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"

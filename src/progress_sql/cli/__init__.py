@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from progress_sql.cli.compare import compare
 from progress_sql.cli.odt import app as odt_app
 
 app = typer.Typer(
@@ -14,6 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(odt_app, name="odt")
+app.command("compare")(compare)
 
 
 def _register_optional() -> None:

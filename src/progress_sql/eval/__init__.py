@@ -6,8 +6,9 @@
 
 Modules: ``runner`` (``run_eval``), ``policies`` (model and oracle generators), ``scoring``
 (batched EX / TS), ``voting`` (Vote@k, pass@k), ``metrics`` (aggregation), ``analysis`` (the
-paper's Table 8), ``reports`` (JSON, Markdown, CSV, MLflow), ``plots`` (PNG). torch is
-imported only when a model (not the oracle) is evaluated.
+paper's Table 8), ``reports`` (JSON, Markdown, CSV, MLflow), ``plots`` (PNG), ``compare`` (two
+runs paired by example: gained, lost, McNemar p). torch is imported only when a model (not the
+oracle) is evaluated.
 """
 
 from __future__ import annotations

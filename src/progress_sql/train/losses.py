@@ -38,8 +38,10 @@ def group_advantages(
     group_ids: torch.Tensor | Sequence[int],
     eps: float,
     scale_std: bool = True,
+    negative_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Per-episode advantages r − mean(group), divided by (std(group) + eps) when ``scale_std``.
+    """Per-episode advantages r − mean(group), divided by (std(group) + eps) when ``scale_std``,
+    negative ones then multiplied by ``negative_scale`` (1.0: unchanged).
 
     The std is the unbiased one (as TRL's GRPO); a group of one episode has advantage 0.
     Dr.GRPO passes ``scale_std=False``.
@@ -60,6 +62,8 @@ def group_advantages(
             # equal rewards: no signal (and no 0/0 when eps is 0)
             centred = centred / (std + eps) if std > 0 else torch.zeros_like(centred)
         adv[idx] = centred
+    if negative_scale != 1.0:
+        adv = torch.where(adv < 0, adv * negative_scale, adv)
     return adv.to(torch.float32)
 
 

@@ -6,7 +6,8 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
         questions  ← the next questions_per_step train examples (a seeded permutation per epoch)
         episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
-        advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean)
+        advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
+                     × rl.negative_advantage_scale
         old logp   ← the current policy's own (detached: one update per batch), or one no-grad
                      forward of the same micro-batches before the first update (several passes)
         for pass in 1..updates_per_batch:                                      model in train mode
@@ -296,7 +297,7 @@ def run_rl(
         trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, max_tokens)
                  for i, (ep, r) in enumerate(zip(episodes, scored))]
         adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
-                               scale_std=rl.algorithm != "dr_grpo")
+                               scale_std=rl.algorithm != "dr_grpo", negative_scale=rl.negative_advantage_scale)
 
         # -- optimisation (train mode, dropout off)
         policy_model.train()
