@@ -7,20 +7,21 @@ import json
 
 import typer
 
-from progress_sql.eval.compare import MODES, CompareError, compare_runs, markdown_table
-
 
 def compare(
     run_a: str = typer.Argument(..., help="Output folder of the first `progress-sql eval` (the baseline)"),
     run_b: str = typer.Argument(..., help="Output folder of the second (the candidate)"),
     splits: list[str] = typer.Option([], "--split", help="Split to compare (repeatable; default: every split both hold)"),
-    modes: list[str] = typer.Option(list(MODES), "--mode", help="Decoding mode: greedy, vote, multi_turn (repeatable)"),
+    modes: list[str] = typer.Option([], "--mode", help="Decoding mode: greedy, vote, multi_turn (repeatable; default: all)"),
     ids: bool = typer.Option(False, "--ids", help="Also list the ids of the gained and lost examples"),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per split and mode"),
 ) -> None:
     """Compare run B with run A: EX of each, examples gained and lost, McNemar p-value."""
+    # imported here: progress_sql.eval loads the evaluation runner, which no other command needs
+    from progress_sql.eval.compare import MODES, CompareError, compare_runs, markdown_table
+
     try:
-        comparisons = compare_runs(run_a, run_b, splits, modes)
+        comparisons = compare_runs(run_a, run_b, splits, modes or MODES)
     except CompareError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
