@@ -301,7 +301,8 @@ class RLSettings(_Section):
     kl_beta: float = Field(0.0, ge=0.0)  # 0: no reference model is kept
     adv_eps: float = Field(1e-6, gt=0.0)
     # Negative advantages are multiplied by this (1.0: GRPO as published). Below 1, wrong rollouts
-    # are pushed down less than right ones are pushed up (a small policy's many wrong ones crowd out the few right).
+    # are pushed down less than right ones are pushed up: a small policy's many wrong rollouts
+    # otherwise drag its few right ones down with them (README, "Why correctness does not climb").
     negative_advantage_scale: float = Field(1.0, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
