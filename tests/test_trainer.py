@@ -3,8 +3,10 @@ rollouts, DeepSpeed ZeRO-2/3 (gloo, CPU accelerator) and plain torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from progress_sql import envs  # noqa: E402
 from progress_sql.config import RLSettings, default_settings  # noqa: E402
-from progress_sql.data.records import CorpusLayout, Example, write_jsonl  # noqa: E402
+from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
 from progress_sql.train.losses import group_advantages, token_logprobs  # noqa: E402
@@ -274,6 +276,26 @@ def test_engine_choice():
     assert use_deepspeed("auto") == torch.cuda.is_available()
     with pytest.raises(ValueError):
         use_deepspeed("sometimes")
+
+
+def test_rl_draws_only_questions_of_rl_hardness(warm, tmp_path):
+    corpus, policy = warm
+    relabelled = tmp_path / "corpus"
+    shutil.copytree(corpus, relabelled)
+    layout = CorpusLayout(relabelled)
+    examples = list(read_jsonl(layout.split("train")))
+    examples[:2] = [dataclasses.replace(ex, hardness="hard") for ex in examples[:2]]
+    write_jsonl(layout.split("train"), examples)
+    s = _settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.questions_per_step, s.rl.hardness = "never", 2, 2, ["hard"]
+    result = run_rl(s, relabelled, out_dir=tmp_path / "run", progress=False)
+    drawn = {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)}
+    assert drawn == {ex.id for ex in examples[:2]}
+    assert all(0.0 <= m["groups/mixed_ex"] <= 1.0 for m in result.metrics)
+
+    s.rl.hardness = ["extra"]
+    with pytest.raises(CorpusError, match="no training examples of hardness extra"):
+        run_rl(s, relabelled, out_dir=tmp_path / "none", progress=False)
 
 
 def test_recipe_and_env_must_speak_one_format(warm, tmp_path):

@@ -264,14 +264,14 @@ class LoRASettings(_Section):
 class SFTSettings(_Section):
     init_from: str = "outputs/tiny-base"  # model to fine-tune (path or hub id)
     out_dir: str = "outputs/sft"
-    epochs: float = Field(8.0, gt=0.0)
+    epochs: float = Field(7.0, gt=0.0)
     lr: float = Field(2e-3, gt=0.0)
     batch_size: int = Field(16, ge=1)  # conversations per step, drawn from one database
     max_seq_len: int = Field(1536, ge=32)  # longer conversations are dropped, not truncated
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, gt=0.0)  # max gradient norm
-    max_minutes: float = Field(24.0, ge=0.0)  # training-loop wall-clock budget; 0: none
+    max_minutes: float = Field(0.0, ge=0.0)  # training-loop wall-clock budget; 0: none
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
     copy_rows: int = Field(16, ge=0)  # random copy strings added to each step's loss (model.copy_warmup); 0: none
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
@@ -290,6 +290,9 @@ class RLSettings(_Section):
     loss_aggregation: Literal["auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "auto"
     group_size: int = Field(8, ge=2)  # G rollouts per question
     questions_per_step: int = Field(4, ge=1)
+    # Spider hardness levels of the train questions RL draws from. A group teaches correctness only
+    # when some of its G rollouts are right; questions far beyond the policy never give one.
+    hardness: list[Literal["easy", "medium", "hard", "extra"]] = ["easy", "medium", "hard", "extra"]
     steps: int = Field(40, ge=1)
     max_minutes: float = Field(10.0, gt=0.0)  # wall-clock budget; stops after the running step
     lr: float = Field(1e-4, gt=0.0)
@@ -316,6 +319,8 @@ class RLSettings(_Section):
 
     @model_validator(mode="after")
     def _clip_range(self) -> "RLSettings":
+        if not self.hardness or len(set(self.hardness)) != len(self.hardness):
+            raise ValueError("rl.hardness must name at least one level, each once")
         if self.clip_eps_high < self.clip_eps:
             raise ValueError("rl.clip_eps_high must be at least rl.clip_eps")
         if self.algorithm == "gspo" and self.loss_aggregation != "auto":

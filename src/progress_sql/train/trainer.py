@@ -3,7 +3,8 @@
 The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
 
     for step in 1..rl.steps (or until rl.max_minutes):
-        questions  ← the next questions_per_step train examples (a seeded permutation per epoch)
+        questions  ← the next questions_per_step train examples of rl.hardness (a seeded
+                     permutation per epoch)
         episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
@@ -216,9 +217,10 @@ def run_rl(
     rl, gen = settings.rl, settings.generation
     out = Path(out_dir if out_dir is not None else rl.out_dir)
     layout = CorpusLayout(Path(corpus_dir))
-    train = list(read_jsonl(layout.split("train")))
+    train = [ex for ex in read_jsonl(layout.split("train")) if ex.hardness in rl.hardness]
     if not train:
-        raise CorpusError(f"{layout.split('train')}: no training examples")
+        raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
+                          "(rl.hardness)")
 
     # -- policy, reference, engine, sampler
     deepspeed = use_deepspeed(rl.deepspeed)
@@ -338,6 +340,9 @@ def run_rl(
             "reward/std": float(totals.std()),
             **{f"reward/{c}": float(np.mean([r.components[c] for r in scored])) for c in recipe.components},
             "ex": float(np.mean([ep.correct for ep in episodes])),
+            # groups whose G rollouts differ in correctness: the only ones that teach it
+            "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in episodes[g:g + rl.group_size]) < rl.group_size
+                                              for g in range(0, len(episodes), rl.group_size)])),
             **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in episodes]))
                for t in range(1, max_turns + 1)},
             "turns/mean": float(np.mean([ep.K for ep in episodes])),
