@@ -65,6 +65,9 @@ def test_defaults_md_numbers_are_present():
         ({"data": {"n_databases": 3, "n_dev_databases": 2, "n_test_databases": 2}}, "n_databases"),
         ({"rewards": {"reasoning_sql": {"judge_backend": "gpt"}}}, "rewards.reasoning_sql.judge_backend"),
         ({"nonsense": 1}, "nonsense: unknown key"),
+        ({"rl": {"hardness": ["easy", "simple"]}}, "rl.hardness"),
+        ({"rl": {"hardness": []}}, "rl.hardness must name at least one level"),
+        ({"rl": {"hardness": ["easy", "easy"]}}, "rl.hardness must name at least one level, each once"),
         ({"odt": {"weights": {k: 0.0 for k in Settings().odt.weights.model_dump()}}}, "odt.weights"),
     ],
 )

@@ -319,12 +319,16 @@ class RLSettings(_Section):
 
     @model_validator(mode="after")
     def _clip_range(self) -> "RLSettings":
-        if not self.hardness or len(set(self.hardness)) != len(self.hardness):
-            raise ValueError("rl.hardness must name at least one level, each once")
         if self.clip_eps_high < self.clip_eps:
             raise ValueError("rl.clip_eps_high must be at least rl.clip_eps")
         if self.algorithm == "gspo" and self.loss_aggregation != "auto":
             raise ValueError("rl.loss_aggregation: gspo averages sequence ratios; leave it at auto")
+        return self
+
+    @model_validator(mode="after")
+    def _hardness_levels(self) -> "RLSettings":
+        if not self.hardness or len(set(self.hardness)) != len(self.hardness):
+            raise ValueError("rl.hardness must name at least one level, each once")
         return self
 
     @property
