@@ -291,7 +291,12 @@ def test_rl_draws_only_questions_of_rl_hardness(warm, tmp_path):
     result = run_rl(s, relabelled, out_dir=tmp_path / "run", progress=False)
     drawn = {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)}
     assert drawn == {ex.id for ex in examples[:2]}
-    assert all(0.0 <= m["groups/mixed_ex"] <= 1.0 for m in result.metrics)
+    for step, metrics in enumerate(result.metrics, start=1):  # groups/mixed_ex, recounted from the rollouts
+        correct: dict[int, list[bool]] = {}
+        for row in _rollout_rows(result.out_dir, step):
+            correct.setdefault(row["group"], []).append(row["correct"])
+        mixed = [0 < sum(c) < len(c) for c in correct.values()]
+        assert metrics["groups/mixed_ex"] == pytest.approx(sum(mixed) / len(mixed))
 
     s.rl.hardness = ["extra"]
     with pytest.raises(CorpusError, match="no training examples of hardness extra"):

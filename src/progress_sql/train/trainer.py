@@ -341,8 +341,8 @@ def run_rl(
             **{f"reward/{c}": float(np.mean([r.components[c] for r in scored])) for c in recipe.components},
             "ex": float(np.mean([ep.correct for ep in episodes])),
             # groups whose G rollouts differ in correctness: the only ones that teach it
-            "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in episodes[g:g + rl.group_size]) < rl.group_size
-                                              for g in range(0, len(episodes), rl.group_size)])),
+            "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in episodes[g:g + rl.group_size])
+                                              < rl.group_size for g in range(0, len(episodes), rl.group_size)])),
             **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in episodes]))
                for t in range(1, max_turns + 1)},
             "turns/mean": float(np.mean([ep.K for ep in episodes])),
