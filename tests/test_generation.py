@@ -16,9 +16,11 @@ from progress_sql.train.generation import (  # noqa: E402
     Sample,
     TransformersBackend,
     VLLMBackend,
+    _GrowingLayer,
     _top_p_filter,
     completes_stop,
     make_backend,
+    reusing_prefixes,
     stop_index,
 )
 from progress_sql.train.policy import chat_prompt_ids  # noqa: E402
@@ -239,6 +241,97 @@ def test_chat_policy_advances_its_seed_per_call(model, tokenizer):
     direct = TransformersBackend(model, tokenizer).generate([chat_prompt_ids(tokenizer, QUESTION)], temperature=1.0,
                                                             max_new_tokens=8, seed=6)
     assert second[0].token_ids == direct[0][0].token_ids != first[0].token_ids
+
+
+# ----------------------------------------------------------------------------- kept prefixes
+class _PrefillWidths:
+    """Records the width of every multi-token forward (a prefill) of ``model``."""
+
+    def __init__(self, model):
+        self.model, self.widths = model, []
+
+    def __enter__(self):
+        forward = self.model.forward
+
+        def recording(*args, **kwargs):
+            if kwargs["input_ids"].shape[1] > 1:
+                self.widths.append(kwargs["input_ids"].shape[1])
+            return forward(*args, **kwargs)
+
+        self.model.forward = recording
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward
+
+
+def _next_turns(tokenizer, turn1):
+    """Second-turn prompts: each first-turn conversation plus feedback of its own length."""
+    feedback = ["Feedback: WHERE_MISSING.", "Feedback: your previous SQL has structural issues. Revise it.",
+                "Which doctors"]
+    return [s.prompt_ids + s.token_ids + tokenizer.encode(f) for s, f in zip(turn1, feedback)]
+
+
+def test_kept_prefixes_prefill_only_the_new_tokens_and_sample_the_same(model, tokenizer):
+    """A conversation's next turn, with its earlier KV cache kept, gives the samples and
+    logprobs of a full prefill, while the prefill covers only the tokens added since."""
+    kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=12)
+    full = TransformersBackend(model, tokenizer, batch_size=8)
+    turn1 = full.generate(_prompts(tokenizer)[:1], n=3, seed=2, **kwargs)[0]
+    turn2 = _next_turns(tokenizer, turn1)
+    fresh = tokenizer.encode("<think>Tables: ward.</think> and something else entirely")
+    expected = full.generate(turn2 + [fresh], seed=4, **kwargs)
+
+    backend = TransformersBackend(model, tokenizer, batch_size=8)
+    with reusing_prefixes(backend):
+        assert [s.token_ids for s in backend.generate(_prompts(tokenizer)[:1], n=3, seed=2, **kwargs)[0]] == \
+            [s.token_ids for s in turn1]
+        with _PrefillWidths(model) as seen:
+            reused = backend.generate(turn2 + [fresh], seed=4, **kwargs)
+    assert [r[0].token_ids for r in reused] == [r[0].token_ids for r in expected]
+    gaps = [abs(a - b) for r, e in zip(reused, expected) for a, b in zip(r[0].logprobs, e[0].logprobs)]
+    assert max(gaps) < 1e-4
+    # turn-2 rows fed only their new tokens (the last sampled token and the feedback); the
+    # fresh prompt, which extends nothing kept, was prefilled in full
+    new = [len(p) - len(s.prompt_ids) - len(s.token_ids) + 1 for p, s in zip(turn2, turn1)]
+    assert seen.widths == [max(new + [len(fresh)])]
+
+
+def test_a_kept_prefix_serves_one_prompt_and_none_outlive_the_context(model, tokenizer):
+    kwargs = dict(temperature=0, max_new_tokens=6)
+    backend = TransformersBackend(model, tokenizer, batch_size=8)
+    prompt = _prompts(tokenizer)[0]
+    with reusing_prefixes(backend):
+        first = backend.generate([prompt], **kwargs)[0][0]
+        follow = prompt + first.token_ids + tokenizer.encode("Feedback: WHERE_MISSING.")
+        with _PrefillWidths(model) as seen:
+            backend.generate([follow], **kwargs)  # uses the kept cache of `first`
+            backend.generate([follow], **kwargs)  # that cache was used up: a full prefill
+    with _PrefillWidths(model) as after:
+        backend.generate([follow], **kwargs)
+    assert seen.widths == [len(follow) - len(prompt) - len(first.token_ids) + 1, len(follow)]
+    assert after.widths == [len(follow)]
+    with reusing_prefixes(backend, enabled=False):  # generation.prefix_cache: false
+        backend.generate([prompt], **kwargs)
+        with _PrefillWidths(model) as off:
+            backend.generate([follow], **kwargs)
+    assert off.widths == [len(follow)]
+
+
+def test_growing_cache_layer_holds_what_concatenation_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    grown, concatenated = _GrowingLayer(), DynamicLayer()
+    gen = torch.Generator().manual_seed(0)
+    for step, width in enumerate([5, 1, 1, 70, 1]):  # past the first room (64) and doubled again
+        rows = 3 if step <= 2 else 2
+        k, v = (torch.randn(rows, 2, width, 4, generator=gen) for _ in range(2))
+        got, want = grown.update(k, v), concatenated.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        if step == 2:  # rows leave the batch
+            for layer in (grown, concatenated):
+                layer.batch_select_indices(torch.tensor([0, 2]))
+    assert grown.get_seq_length() == concatenated.get_seq_length() == 78
 
 
 def test_sync_weights_copies_the_trained_model(model, parrot, tokenizer):

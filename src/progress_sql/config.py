@@ -251,6 +251,7 @@ class GenerationSettings(_Section):
     max_new_tokens: int = Field(256, ge=1)
     max_prompt_tokens: int = Field(2048, ge=16)
     batch_size: int = Field(32, ge=1)  # sequences per generate call
+    prefix_cache: bool = True  # transformers: a conversation's next turn prefills only its new tokens
     vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
 
 

@@ -13,6 +13,9 @@ Backends:
   the logprobs are the raw ones and stop strings end each sequence exactly): a prompt's n
   samples share one prefill; finished sequences leave the batch; each sequence has its own
   random generator, so a seeded call gives the same samples whatever the batch composition.
+  Inside ``reusing_prefixes()`` it keeps each sample's KV cache and prefills only the new
+  tokens of a later prompt that extends it: the next turn of a conversation (a multi-turn
+  rollout would otherwise prefill the whole conversation again at every turn).
 - ``VLLMBackend``: vLLM (optional extra ``vllm``, CUDA only), imported when constructed;
   weights synced from the training model after each update the way TRL 1.16 does it.
 
@@ -29,10 +32,15 @@ import inspect
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 from transformers import DynamicCache
+
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # transformers before 4.56 (vLLM installs pin older ones): caches grow by concatenation
+    DynamicLayer = None
 
 from progress_sql.train.policy import chat_prompt_ids
 
@@ -159,6 +167,72 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- transformers
+class _GrowingLayer(DynamicLayer or object):  # type: ignore[misc]
+    """A ``DynamicLayer`` that appends into spare room (doubled when full) instead of
+    concatenating: ``torch.cat`` copies the whole cache at every decode step, which costs a
+    small model more than its forward pass."""
+
+    _room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.get_seq_length()
+        end = n + key_states.shape[-2]
+        room = self._room
+        # New room on the first update, when full, or when self.keys is no longer a view of it
+        # (batch_select_indices replaced it when rows left the batch).
+        if (room is None or room[0].shape[-2] < end or room[0].shape[:-2] != key_states.shape[:-2]
+                or (n and self.keys.data_ptr() != room[0].data_ptr())):
+            shape = (*key_states.shape[:-2], max(2 * end, 64), key_states.shape[-1])
+            room = (key_states.new_empty(shape), value_states.new_empty(shape))
+            if n:
+                room[0][..., :n, :] = self.keys
+                room[1][..., :n, :] = self.values
+            self._room = room
+        room[0][..., n:end, :] = key_states
+        room[1][..., n:end, :] = value_states
+        self.keys, self.values = room[0][..., :end, :], room[1][..., :end, :]
+        return self.keys, self.values
+
+
+def _new_cache(config: Any) -> DynamicCache:
+    """An empty KV cache for ``config`` whose full-attention layers grow in place."""
+    cache = DynamicCache(config=config)
+    layers = getattr(cache, "layers", None)  # transformers before 4.56 has no layer objects
+    if DynamicLayer is not None and layers is not None:
+        cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in layers]
+    return cache
+
+
+def _cache_layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of each layer, [batch, kv heads, positions, head dim]: ``cache.layers``
+    from transformers 4.56 on, ``key_cache`` / ``value_cache`` lists before."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def _padded_layers(
+    prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None], lengths: list[int], width: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Kept per-row caches stacked into one batch per layer, each right-aligned in ``width``
+    positions (zeros before it, masked out by the attention mask)."""
+    ref = next(kv for kv in prefixes if kv is not None)
+    layers = []
+    for layer, (k_ref, _) in enumerate(ref):
+        heads, _, dim = k_ref.shape
+        keys = k_ref.new_zeros((len(prefixes), heads, width, dim))
+        values = torch.zeros_like(keys)
+        for r, (kv, n) in enumerate(zip(prefixes, lengths)):
+            if kv is not None:
+                keys[r, :, width - n:] = kv[layer][0]
+                values[r, :, width - n:] = kv[layer][1]
+        layers.append((keys, values))
+    return layers
+
+
 class TransformersBackend:
     """Batched sampling with a transformers causal LM and its KV cache.
 
@@ -178,6 +252,33 @@ class TransformersBackend:
             raise ValueError("the tokenizer needs a pad or eos token")
         self.pad_id = int(pad)
         self._cache_kwarg = cache_kwarg(model)
+        # reusing_prefixes(): ids a sample's forward passes covered -> per-layer (keys, values)
+        self._prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    @contextlib.contextmanager
+    def reusing_prefixes(self) -> Iterator[None]:
+        """Inside: every sample's KV cache (its prompt and sampled ids but the last) is kept, and
+        a prompt that extends a kept sequence prefills only its new tokens; a kept cache is
+        dropped once a prompt has used it. Only valid while the weights stay the same (one
+        rollout): everything kept is dropped on exit."""
+        self._prefixes = {}
+        try:
+            yield
+        finally:
+            self._prefixes = None
+
+    def _take_prefixes(self, keys: Sequence[tuple[int, ...]]) -> list[list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The longest kept cache that each prompt extends by at least one token (None: none),
+        removed from the store."""
+        if not self._prefixes:
+            return [None] * len(keys)
+        lengths = sorted({len(k) for k in self._prefixes}, reverse=True)
+        found = [next((key[:n] for n in lengths if n < len(key) and key[:n] in self._prefixes), None)
+                 for key in keys]
+        kv = [self._prefixes[f] if f is not None else None for f in found]
+        for f in set(found) - {None}:
+            del self._prefixes[f]
+        return kv
 
     def sync_weights(self, model: Any) -> None:
         """Copy ``model``'s weights into the generating model (nothing to do when it is the same one)."""
@@ -231,6 +332,7 @@ class TransformersBackend:
                 outs = self._generate_batch(
                     [list(key) for key, _ in batch], [len(unit_rows) for _, unit_rows in batch],
                     [seeds[i * n + j] for i, j in rows], temperature, top_p, max_new_tokens, list(stop),
+                    self._take_prefixes([key for key, _ in batch]),
                 )
                 for (i, j), sample in zip(rows, outs):
                     results[i][j] = sample
@@ -248,17 +350,26 @@ class TransformersBackend:
         top_p: float,
         max_new_tokens: int,
         stop: list[str],
+        prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None],
     ) -> list[Sample]:
         model, device = self.model, self.model.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            input_ids[r, width - len(p):] = torch.tensor(p)
-            attention[r, width - len(p):] = 1
+        # Row r: its kept cache (c_r tokens, right-aligned in the first c_width columns), then
+        # its new tokens (right-aligned in the last n_width); pads in between are masked out.
+        cached = [0 if kv is None else kv[0][0].shape[-2] for kv in prefixes]
+        c_width = max(cached)
+        n_width = max(len(p) - c for p, c in zip(prompts, cached))
+        input_ids = torch.full((len(prompts), n_width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), c_width + n_width), dtype=torch.long)
+        for r, (p, c) in enumerate(zip(prompts, cached)):
+            input_ids[r, n_width - (len(p) - c):] = torch.tensor(p[c:])
+            attention[r, c_width - c:c_width] = 1
+            attention[r, c_width + n_width - (len(p) - c):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, c_width:]
+        cache = _new_cache(model.config)
+        if c_width:
+            for layer, (keys, values) in enumerate(_padded_layers(prefixes, cached, c_width)):
+                cache.update(keys, values, layer)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                     use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
         # One row per sample from here: repeat each prompt's cache/mask/logits for its copies.
@@ -291,6 +402,9 @@ class TransformersBackend:
                     finish[s] = "length"
                 else:
                     keep.append(row)
+                    continue
+                if self._prefixes is not None:  # the cache holds everything but the last token
+                    self._keep_prefix(prompt_of_row[s] + tokens[s][:-1], cache, row, attention[row])
             if not keep:
                 break
             if len(keep) < len(live):  # finished sequences leave the batch
@@ -314,6 +428,12 @@ class TransformersBackend:
             )
             for s in range(total)
         ]
+
+    def _keep_prefix(self, ids: list[int], cache: DynamicCache, row: int, attention_row: torch.Tensor) -> None:
+        real = attention_row.bool()
+        kv = [(k[row][:, real], v[row][:, real]) for k, v in _cache_layers(cache)]
+        if all(k.shape[-2] == len(ids) for k, _ in kv):  # a sliding-window layer keeps fewer: not reusable
+            self._prefixes[tuple(ids)] = kv  # type: ignore[index]
 
     @staticmethod
     def _choose(logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator]) -> torch.Tensor:
@@ -476,6 +596,14 @@ class ChatPolicy:
             for i, row in zip(fits, samples):
                 outputs[i] = row[0]
         return outputs
+
+
+def reusing_prefixes(backend: GenerationBackend, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """``backend.reusing_prefixes()`` where the backend has it and ``enabled``
+    (``generation.prefix_cache``); else nothing (vLLM caches prefixes on its own)."""
+    if enabled and hasattr(backend, "reusing_prefixes"):
+        return backend.reusing_prefixes()
+    return contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------- factory

@@ -5,14 +5,15 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
     for step in 1..rl.steps (or until rl.max_minutes):
         questions  ← the next questions_per_step train examples of rl.hardness (a seeded
                      permutation per epoch)
-        episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode
+        episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode;
+                     each conversation's KV cache kept between its turns (generation.prefix_cache)
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
                      × rl.negative_advantage_scale
         old logp   ← the current policy's own (detached: one update per batch), or one no-grad
                      forward of the same micro-batches before the first update (several passes)
         for pass in 1..updates_per_batch:                                      model in train mode
-            for micro-batch: loss share → backward → engine.step()   (updates at the batch's end)
+            for micro-batch (by length): loss share → backward → engine.step()   (updates at the batch's end)
         metrics → metrics.jsonl, on_step, progress bar; checkpoint every checkpoint_every steps
     final policy → <out>/final (save_pretrained + tokenizer)
 
@@ -51,7 +52,7 @@ from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_j
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
-from progress_sql.train.generation import make_backend
+from progress_sql.train.generation import make_backend, reusing_prefixes
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss, token_logprobs
 from progress_sql.train.policy import load_policy
 from progress_sql.train.rollout import (
@@ -291,7 +292,7 @@ def run_rl(
         t_roll = time.monotonic()
         token_policy = TokenPolicy(backend, tokenizer, gen, stops, max_tokens=max_tokens,
                                    seed=step_seed(rl.seed, step, rank()))
-        with engine.gathered(), torch.no_grad():
+        with engine.gathered(), torch.no_grad(), reusing_prefixes(backend, gen.prefix_cache):
             episodes = envs.rollout(env_factory, token_policy, [q for q in questions for _ in range(rl.group_size)],
                                     layout.database)
         rollout_s = time.monotonic() - t_roll
@@ -303,8 +304,11 @@ def run_rl(
 
         # -- optimisation (train mode, dropout off)
         policy_model.train()
-        slices = [slice(i, i + rl.micro_batch_size) for i in range(0, n_seq, rl.micro_batch_size)]
-        batches = [collate(trajs[s], adv[s], pad_id, torch.device(device)) for s in slices]
+        # Micro-batches of similar lengths pad less; the loss is a sum over micro-batches, so
+        # how the batch is cut does not change the gradient.
+        order = sorted(range(n_seq), key=lambda i: len(trajs[i].input_ids))
+        chunks = [order[i:i + rl.micro_batch_size] for i in range(0, n_seq, rl.micro_batch_size)]
+        batches = [collate([trajs[i] for i in c], adv[c], pad_id, torch.device(device)) for c in chunks]
         num_tokens = float(sum(b["loss_mask"].sum() for b in batches))
         with torch.no_grad():
             # With one update per batch the loss's own forward gives the old log-probs (the
