@@ -341,3 +341,56 @@ def test_rl_raises_ex_on_its_own_questions(half_right, tmp_path):
     assert len(ex) == 30
     first, last = sum(ex[:10]) / 10, sum(ex[-10:]) / 10
     assert last > first + 0.15 and last > 0.6, ex
+
+
+def test_question_pool_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):
+    """rl.question_pool solved: RL draws exactly the train questions whose greedy answer the
+    evaluation judges right (checked against run_eval on the same split), keeps that pool in
+    its checkpoints, and a resumed run draws from the same pool without a second pass."""
+    from progress_sql.eval.runner import run_eval
+
+    corpus, policy = half_right
+    extended = tmp_path / "corpus"  # plus two questions the policy never saw: at least one unsolved
+    shutil.copytree(corpus, extended)
+    layout = CorpusLayout(extended)
+    examples = list(read_jsonl(layout.split("train")))
+    examples += [Example(id="q-sum", db_id="school", question="What is the total budget of all departments?",
+                         gold_sql="SELECT sum(budget) FROM department", hardness="easy", reasoning="r"),
+                 Example(id="q-min", db_id="school", question="What is the age of the youngest student?",
+                         gold_sql="SELECT min(age) FROM student", hardness="easy", reasoning="r")]
+    write_jsonl(layout.split("train"), examples)
+
+    s = _settings(policy)
+    s.eval.max_examples, s.eval.vote_k, s.eval.pass_k, s.eval.ts = 0, 0, 0, False
+    evaluated = run_eval(s, str(policy), extended, ["train"], tmp_path / "eval", progress=False)
+    rows = [json.loads(line) for line in evaluated.files["predictions/train"].read_text().splitlines()]
+    solved = {row["id"] for row in rows if row["greedy"]["ex"]}
+    assert 0 < len(solved) < len(examples), rows
+
+    s.rl.deepspeed, s.rl.question_pool, s.rl.steps, s.rl.checkpoint_every = "never", "solved", 2, 1
+    result = run_rl(s, extended, out_dir=tmp_path / "run", progress=False)
+    assert result.questions == len(solved)
+    drawn = {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)}
+    assert drawn <= solved and len(drawn) == min(len(solved), 2 * s.rl.questions_per_step)
+    pool_file = result.out_dir / "question_pool.jsonl"
+    recorded = [json.loads(line) for line in pool_file.read_text().splitlines()]
+    assert {row["id"] for row in recorded if row["greedy"]["ex"]} == solved and len(recorded) == len(examples)
+    state = json.loads((list_checkpoints(result.out_dir)[0] / "trainer_state.json").read_text())
+    assert set(state["question_pool"]) == solved
+
+    pool_file.unlink()  # a resumed run takes the pool from the checkpoint: no second pass
+    resumed = run_rl(s, extended, out_dir=tmp_path / "run", resume=list_checkpoints(result.out_dir)[0],
+                     progress=False)
+    assert resumed.questions == len(solved) and not pool_file.exists()
+    assert [m["reward/mean"] for m in resumed.metrics] == [m["reward/mean"] for m in result.metrics]
+
+    s.rl.steps, s.rl.pool_candidates = 1, 3  # the pass tries a seeded sample of three questions
+    sampled = run_rl(s, extended, out_dir=tmp_path / "sampled", progress=False)
+    tried = [json.loads(line) for line in (sampled.out_dir / "question_pool.jsonl").read_text().splitlines()]
+    assert len(tried) == 3 and sampled.questions == sum(row["greedy"]["ex"] for row in tried)
+    assert {row["id"] for row in tried if row["greedy"]["ex"]} <= solved
+
+    untrained = corpus.parent / "base"  # the warm fixture's base model: answers nothing
+    s.rl.init_from = str(untrained)
+    with pytest.raises(CorpusError, match="answers none of the train questions"):
+        run_rl(s, extended, out_dir=tmp_path / "none", progress=False)

@@ -294,6 +294,12 @@ class RLSettings(_Section):
     # Spider hardness levels of the train questions RL draws from. A group teaches correctness only
     # when some of its G rollouts are right; questions far beyond the policy never give one.
     hardness: list[Literal["easy", "medium", "hard", "extra"]] = ["easy", "medium", "hard", "extra"]
+    # all: every train question of rl.hardness. solved: only those the starting policy answers
+    # right with one greedy output (the eval protocol), found by a pass over them at the start
+    # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
+    # of these groups and in few of the others (README, "RL on the questions it can answer").
+    question_pool: Literal["all", "solved"] = "all"
+    pool_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
     steps: int = Field(40, ge=1)
     max_minutes: float = Field(10.0, gt=0.0)  # wall-clock budget; stops after the running step
     lr: float = Field(1e-4, gt=0.0)

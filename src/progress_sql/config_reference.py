@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,8 +49,10 @@ def _constraints(info: FieldInfo) -> str:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:  # its __name__ alone drops the values
+        return "one of " + " \\| ".join(str(v) for v in typing.get_args(annotation))
     text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "").replace("Literal", "one of ")
+    return text.replace("typing.", "")
 
 
 def _rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:

@@ -393,6 +393,25 @@ def run_eval(
     return EvalResult(model=model_name, metrics=metrics, flat=flat, files=files, notes=notes)
 
 
+def greedy_answers(settings: Settings, generator: Generator, corpus_dir: str | Path,
+                   examples: Sequence[Example]) -> list[ExampleEval]:
+    """Each example's greedy single-turn answer, judged for EX: the greedy mode of ``run_eval``
+    without TS, samples or report files, for callers that need per-example verdicts (RL's
+    ``rl.question_pool``). ``ev.record()`` gives the predictions-file line."""
+    layout = CorpusLayout(Path(corpus_dir))
+    greedy_only = settings.eval.model_copy(update={"greedy": True, "vote_k": 0, "pass_k": 0, "multi_turn": False,
+                                                   "ts": False})
+    settings = settings.model_copy(update={"eval": greedy_only})
+    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
+    evals: list[ExampleEval] = []
+    with SQLPool(settings=settings.sandbox) as pool:
+        worker = _SplitEvaluator(settings, generator, Judge(pool, settings.sandbox), layout, schema_texts,
+                                 eval_format(settings))
+        for start in range(0, len(examples), greedy_only.batch_size):
+            evals += worker.single_turn("greedy", start, examples[start:start + greedy_only.batch_size])
+    return evals
+
+
 def _split_notes(name: str, m: dict[str, Any], layout: CorpusLayout, examples: Sequence[Example], ts: bool) -> list[str]:
     notes = []
     if m["gold_errors"]:

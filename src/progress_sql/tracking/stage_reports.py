@@ -73,7 +73,7 @@ def rl_summary(history: Sequence[dict[str, Any]], steps: int) -> dict[str, float
 
 def rl_reports(result: Any, report_dir: Path) -> dict[str, float]:
     """Write ``rl.json`` and ``rl_curve.csv`` for an ``RLResult``; the summary metrics."""
-    summary = rl_summary(result.metrics, result.steps)
+    summary = {**rl_summary(result.metrics, result.steps), "rl/questions": float(result.questions)}
     write_json(report_dir / "rl.json", _finite(summary))
     columns = curve_columns(result.metrics)
     write_csv(report_dir / "rl_curve.csv", result.metrics, columns)

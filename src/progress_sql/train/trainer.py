@@ -2,9 +2,12 @@
 
 The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
 
-    for step in 1..rl.steps (or until rl.max_minutes):
-        questions  ← the next questions_per_step train examples of rl.hardness (a seeded
-                     permutation per epoch)
+    pool ← the train questions of rl.hardness; with rl.question_pool solved, only those of
+           rl.pool_candidates of them that the starting policy answers with one greedy output
+           (kept in the checkpoints)
+    for step in 1..rl.steps (or until rl.max_minutes, which also covers the pool's pass):
+        questions  ← the next questions_per_step questions of the pool (a seeded permutation
+                     per epoch)
         episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode;
                      each conversation's KV cache kept between its turns (generation.prefix_cache)
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
@@ -75,6 +78,7 @@ class RLResult:
     stopped_by: str
     metrics: list[dict[str, Any]] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    questions: int = 0  # train questions drawn from (rl.hardness, rl.question_pool)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -181,6 +185,30 @@ def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.Re
             "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
 
 
+QUESTION_POOL_FILE = "question_pool.jsonl"
+
+
+def solved_question_ids(settings: Settings, backend: Any, tokenizer: Any, layout: CorpusLayout,
+                        questions: list[Example], record_to: Path | None) -> list[str]:
+    """The ids of ``questions`` the policy behind ``backend`` answers right with one greedy
+    output (the eval protocol: single turn, EX), for ``rl.question_pool: solved``. Rank 0
+    decides and the others take its answer (ranks must draw from one pool); its verdicts go
+    to ``record_to`` as predictions-file lines."""
+    from progress_sql.eval.policies import ModelGenerator
+    from progress_sql.eval.runner import greedy_answers
+
+    ids: list[Any] = [None]
+    if rank() == 0:
+        generator = ModelGenerator(settings.rl.init_from, backend, tokenizer, settings.generation)
+        evals = greedy_answers(settings, generator, layout.root, questions)
+        ids[0] = [ev.example.id for ev in evals if ev.greedy is not None and ev.greedy.verdict.correct]
+        if record_to is not None:
+            _write_jsonl(record_to, [ev.record() for ev in evals], mode="w")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(ids, src=0)
+    return list(ids[0])
+
+
 def _all_ranks_agree(flag: bool) -> bool:
     """Rank 0's decision, on every rank (the time budget must stop all ranks together)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -270,13 +298,31 @@ def run_rl(
     elif main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
         for stale in ("checkpoints", "rollouts", "final"):
             shutil.rmtree(out / stale, ignore_errors=True)
+        (out / QUESTION_POOL_FILE).unlink(missing_ok=True)
     history: list[dict[str, Any]] = list(state["history"])
     if main:
         out.mkdir(parents=True, exist_ok=True)
         _write_jsonl(out / "metrics.jsonl", history, mode="w")  # drop lines past the checkpoint
 
+    started = time.monotonic()  # the budget covers the question pool's pass too
+    if rl.question_pool == "solved":
+        if "question_pool" not in state:  # a resumed run keeps the questions it started with
+            candidates = train
+            if 0 < rl.pool_candidates < len(train):  # the pass costs about as much as the eval of as many
+                picked = np.random.default_rng([rl.seed, len(train)]).choice(len(train), rl.pool_candidates,
+                                                                             replace=False)
+                candidates = [train[i] for i in sorted(picked)]
+            with engine.gathered(), torch.no_grad():
+                state["question_pool"] = solved_question_ids(settings, backend, tokenizer, layout, candidates,
+                                                             out / QUESTION_POOL_FILE if main else None)
+        pool = set(state["question_pool"])
+        train = [ex for ex in train if ex.id in pool]
+        if not train:
+            raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
+                              f"{', '.join(rl.hardness)} (rl.question_pool: solved); set rl.question_pool: all")
+    pool_s = time.monotonic() - started
+
     bar = tqdm(total=rl.steps, initial=state["step"], disable=not (progress and main), desc="rl", unit="step")
-    started = time.monotonic()
     step, position, stopped_by, last_checkpoint = state["step"], state["data_position"], "steps", checkpoint
     while step < rl.steps:
         step += 1
@@ -384,8 +430,10 @@ def run_rl(
         if out_of_time and step < rl.steps:
             stopped_by = "time"
         if step % rl.checkpoint_every == 0 or step == rl.steps or out_of_time:
-            last_checkpoint = save_checkpoint(engine, out, step, {"data_position": position, "history": history},
-                                              rl.keep_checkpoints)
+            trainer_state = {"data_position": position, "history": history}
+            if "question_pool" in state:
+                trainer_state["question_pool"] = state["question_pool"]
+            last_checkpoint = save_checkpoint(engine, out, step, trainer_state, rl.keep_checkpoints)
         if out_of_time:
             break
     bar.close()
@@ -395,6 +443,7 @@ def run_rl(
     engine.save_pretrained(final, tokenizer)
     if main:
         summary = {"steps": step, "stopped_by": stopped_by, "engine": engine.kind, "zero_stage": engine.zero_stage,
-                   "rl": rl.model_dump(), "last": history[-1] if history else {}}
+                   "questions": len(train), "question_pool_s": pool_s, "rl": rl.model_dump(),
+                   "last": history[-1] if history else {}}
         (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
-    return RLResult(out, final, step, stopped_by, history, last_checkpoint)
+    return RLResult(out, final, step, stopped_by, history, last_checkpoint, questions=len(train))
