@@ -297,7 +297,7 @@ class RLSettings(_Section):
     # all: every train question of rl.hardness. solved: only those the starting policy answers
     # right with one greedy output (the eval protocol), found by a pass over them at the start
     # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
-    # of these groups and in few of the others (README, "RL on the questions it can answer").
+    # of these groups and in few of the others (README, "RL only on questions the policy already answers").
     question_pool: Literal["all", "solved"] = "all"
     pool_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
     steps: int = Field(40, ge=1)

@@ -319,7 +319,9 @@ def run_rl(
         train = [ex for ex in train if ex.id in pool]
         if not train:
             raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
-                              f"{', '.join(rl.hardness)} (rl.question_pool: solved); set rl.question_pool: all")
+                              f"{', '.join(rl.hardness)} it was tried on (rl.question_pool: solved, "
+                              f"rl.pool_candidates: {rl.pool_candidates}); raise rl.pool_candidates or "
+                              "set rl.question_pool: all")
     pool_s = time.monotonic() - started
 
     bar = tqdm(total=rl.steps, initial=state["step"], disable=not (progress and main), desc="rl", unit="step")
