@@ -25,7 +25,7 @@ from pathlib import Path
 
 from progress_sql.config import load_settings
 from progress_sql.data.build import build_corpus
-from progress_sql.data.records import CorpusLayout, read_jsonl
+from progress_sql.corpus.records import CorpusLayout, read_jsonl
 from progress_sql.eval import ORACLE, run_eval
 from progress_sql.eval.scoring import Candidate, Judge
 from progress_sql.sql import GoldCache, SQLPool

@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.config import Settings, load_settings  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
-from progress_sql.data.records import CorpusLayout, Example, read_jsonl  # noqa: E402
+from progress_sql.corpus.records import CorpusLayout, Example, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
 from progress_sql.rewards.scoring import make_turn  # noqa: E402
 from progress_sql.rewards.types import Trajectory  # noqa: E402
@@ -202,7 +202,7 @@ def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
     from transformers import TrainerCallback  # noqa: PLC0415
     from trl import GRPOConfig, GRPOTrainer  # noqa: PLC0415
 
-    from progress_sql.train.policy import load_policy  # noqa: PLC0415
+    from progress_sql.inference.models import load_policy  # noqa: PLC0415
 
     rl, gen = settings.rl, settings.generation
     layout = CorpusLayout(corpus)

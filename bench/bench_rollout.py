@@ -42,12 +42,14 @@ from transformers import DynamicCache  # noqa: E402
 
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.config import load_settings  # noqa: E402
-from progress_sql.data.records import CorpusLayout, read_jsonl  # noqa: E402
+from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
-from progress_sql.train import generation  # noqa: E402
-from progress_sql.train.generation import TransformersBackend, reusing_prefixes  # noqa: E402
-from progress_sql.train.policy import load_policy  # noqa: E402
-from progress_sql.train.rollout import TokenPolicy, max_sequence_tokens, stop_strings  # noqa: E402
+from progress_sql.formats import stop_strings  # noqa: E402
+from progress_sql.inference import backends as generation  # noqa: E402
+from progress_sql.inference.backends import TransformersBackend, reusing_prefixes  # noqa: E402
+from progress_sql.inference.models import load_policy  # noqa: E402
+from progress_sql.inference.policy import TokenPolicy  # noqa: E402
+from progress_sql.train.trajectories import max_sequence_tokens  # noqa: E402
 from progress_sql.train.trainer import _env_factory, question_indices  # noqa: E402
 
 

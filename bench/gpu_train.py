@@ -88,8 +88,8 @@ def record(work: Path, section: str, figures: dict[str, Any]) -> None:
 def prompts(work: Path, tokenizer: Any, settings: Any, count: int) -> list[list[int]]:
     """``count`` round-1 prompts (train questions in order, wrapping around), as token ids."""
     from progress_sql import envs  # noqa: PLC0415
-    from progress_sql.data.records import CorpusLayout, read_jsonl  # noqa: PLC0415
-    from progress_sql.train.policy import chat_prompt_ids  # noqa: PLC0415
+    from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: PLC0415
+    from progress_sql.inference.models import chat_prompt_ids  # noqa: PLC0415
 
     layout = CorpusLayout(work / "corpus")
     schema = envs.SchemaTexts.for_corpus(layout, settings.env.prompt_style)
@@ -163,8 +163,8 @@ def _timed(fn, repeats: int) -> tuple[float, Any]:
 def generate(args: argparse.Namespace, work: Path) -> int:
     import torch  # noqa: PLC0415
 
-    from progress_sql.train.generation import TransformersBackend  # noqa: PLC0415
-    from progress_sql.train.policy import load_policy  # noqa: PLC0415
+    from progress_sql.inference.backends import TransformersBackend  # noqa: PLC0415
+    from progress_sql.inference.models import load_policy  # noqa: PLC0415
 
     settings = settings_for(args)
     model, tokenizer = load_policy(work / "model", dtype="bfloat16", device=_device())
@@ -208,12 +208,12 @@ def generate(args: argparse.Namespace, work: Path) -> int:
 
 
 def vllm_generate(args: argparse.Namespace, work: Path) -> int:
-    from progress_sql.train.generation import BackendUnavailable, VLLMBackend  # noqa: PLC0415
-    from progress_sql.train.policy import load_policy  # noqa: PLC0415
+    from progress_sql.inference.backends import BackendUnavailable, VLLMBackend  # noqa: PLC0415
+    from progress_sql.inference.models import load_policy  # noqa: PLC0415
 
     settings = settings_for(args, **{"generation.backend": "vllm"})
     try:
-        backend = VLLMBackend(work / "model", settings)
+        backend = VLLMBackend(work / "model", settings.generation, seed=settings.seed)
     except BackendUnavailable as err:
         print(f"vllm: skipped, {err}")
         record(work, "vllm", {"skipped": str(err)})

@@ -30,8 +30,8 @@ from progress_sql.data.generate_db import (
     database_fingerprint, generate_rows, schema_sql, spider_schema, write_database,
 )
 from progress_sql.data.patterns import FAMILIES, LEVELS, Family
-from progress_sql.data.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, read_jsonl
-from progress_sql.data.schema import read_tables_json
+from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, read_jsonl
+from progress_sql.corpus.schema import read_tables_json
 from progress_sql.sql import execute, hardness
 
 from conftest import REPO

@@ -10,8 +10,8 @@ import pytest
 
 from progress_sql import envs, rewards
 from progress_sql.config import settings_from_dict
-from progress_sql.data.records import CorpusError, Example
-from progress_sql.data.schema import read_tables_json, render_ddl
+from progress_sql.corpus.records import CorpusError, Example
+from progress_sql.corpus.schema import read_tables_json, render_ddl
 from progress_sql.envs import ScriptedPolicy, SchemaTexts, ddl_from_sqlite, rollout
 from progress_sql.envs.exec_feedback import format_result
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION

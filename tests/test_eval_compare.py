@@ -14,7 +14,7 @@ from progress_sql.config import settings_from_dict
 from progress_sql.data.build import build_corpus
 from progress_sql.eval import ORACLE, run_eval
 from progress_sql.eval.compare import CompareError, compare_runs, mcnemar_exact, read_predictions
-from progress_sql.eval.policies import Completion
+from progress_sql.eval.generators import Completion
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
               "test_size": 12, "neighbours": 2, "rows_scale": 0.3}

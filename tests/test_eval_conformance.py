@@ -33,9 +33,10 @@ import sqlglot
 from sqlglot import exp
 
 from progress_sql.config import default_settings
-from progress_sql.data.schema import DatabaseSchema, create_database, read_tables_json
-from progress_sql.eval.scoring import Candidate, Judge, ex_view
+from progress_sql.corpus.schema import DatabaseSchema, create_database, read_tables_json
+from progress_sql.eval.scoring import Candidate, Judge
 from progress_sql.sql import GoldCache, SQLPool, execution_match
+from progress_sql.sql.verdict import comparison_sql
 
 pytestmark = pytest.mark.conformance
 
@@ -344,7 +345,7 @@ def test_judge_strips_distinct_and_keeps_the_raw_execution(school_db, judge):
     assert verdict.correct and verdict.executed and len(verdict.result.rows) == 30
     distinct_pred = judge.judge([Candidate(str(school_db), "SELECT DISTINCT dept_id FROM student", gold)])[0]
     assert distinct_pred.correct and len(distinct_pred.result.rows) == 3  # raw result: what the model wrote
-    assert ex_view("SELECT DISTINCT a FROM t WHERE b ! = 1") == "SELECT  a FROM t WHERE b != 1"
+    assert comparison_sql("SELECT DISTINCT a FROM t WHERE b ! = 1") == "SELECT  a FROM t WHERE b != 1"
 
 
 def test_judge_reports_no_sql_and_errors_as_wrong(school_db, judge):

@@ -11,7 +11,8 @@ import pytest
 from progress_sql.config import EvalSettings
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import CATEGORIES, categories_of, mismatch_rates, prediction_tags
-from progress_sql.eval.metrics import Outcome, flatten, mean, mode_metrics, pass_metrics, rate
+from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics, rate
+from progress_sql.files import write_csv, write_json
 from progress_sql.odt import TAGS
 
 
@@ -53,13 +54,13 @@ def test_mode_metrics_reports_dataset_difficulty_in_bird_order_and_unknown_hardn
     assert m["ts"] is None and m["ts_n"] == 0
 
 
-def test_pass_metrics_and_flatten():
+def test_pass_metrics_and_flat_metrics():
     p = pass_metrics([1.0, 0.5, 0.0], ["easy", "easy", "extra"])
     assert p["ex"] == 0.5 and p["by_hardness"]["easy"] == {"n": 2, "ex": 0.75}
     assert p["by_hardness"]["medium"] == {"n": 0, "ex": None}
     with pytest.raises(ValueError):
         pass_metrics([1.0], [])
-    flat = flatten({"dev": {"n": 3, "greedy": {"ex": 0.5, "ts": None, "by_hardness": {"easy": {"ex": 1}}},
+    flat = flat_metrics({"dev": {"n": 3, "greedy": {"ex": 0.5, "ts": None, "by_hardness": {"easy": {"ex": 1}}},
                             "note": "x", "flag": True}})
     assert flat == {"dev/n": 3.0, "dev/greedy/ex": 0.5, "dev/greedy/by_hardness/easy/ex": 1.0}
 
@@ -145,11 +146,11 @@ def test_mode_labels_and_plot_rows():
 
 def test_writers_produce_json_csv_and_png(tmp_path: Path):
     m = _metrics()
-    reports.write_json(tmp_path / "m.json", m)
+    write_json(tmp_path / "m.json", m)
     assert json.loads((tmp_path / "m.json").read_text()) == m
     with pytest.raises(ValueError):
-        reports.write_json(tmp_path / "nan.json", {"x": float("nan")})
-    reports.write_csv(tmp_path / "r.csv", reports.robustness_rows(m), reports.ROBUSTNESS_COLUMNS)
+        write_json(tmp_path / "nan.json", {"x": float("nan")})
+    write_csv(tmp_path / "r.csv", reports.robustness_rows(m), reports.ROBUSTNESS_COLUMNS)
     with (tmp_path / "r.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert rows[2] == {"group": "dk Greedy", "split": "dk", "decoding": "Greedy", "ex": "0.25", "ts": ""}
@@ -158,10 +159,3 @@ def test_writers_produce_json_csv_and_png(tmp_path: Path):
         path = fn(data, tmp_path / f"{fn.__name__}-{len(data)}.png")
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporaries
-
-
-def test_mlflow_keys_are_sanitised_and_nothing_is_logged_without_a_run(tmp_path):
-    assert reports.mlflow_key("dev/vote@8/by_difficulty/very hard?") == "dev/vote_8/by_difficulty/very hard_"
-    mlflow = pytest.importorskip("mlflow")
-    assert mlflow.active_run() is None
-    assert reports.log_to_mlflow({"dev/greedy/ex": 1.0}, []) is False

@@ -11,17 +11,12 @@ import pytest
 
 from progress_sql.config import EvalSettings, settings_from_dict
 from progress_sql.data.build import build_corpus
-from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.eval import ORACLE, run_eval
-from progress_sql.eval.policies import (
-    PROMPT_TOO_LONG,
-    Completion,
-    OracleGenerator,
-    Request,
-    RolloutPolicy,
-    oracle_answer,
-)
-from progress_sql.rewards.formats import FORMATS, parse_output
+from progress_sql.envs import Request
+from progress_sql.eval.generators import Completion, OracleGenerator, RequestPolicy, oracle_answer
+from progress_sql.eval.runner import PROMPT_TOO_LONG
+from progress_sql.formats import FORMATS, parse_output
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
               "test_size": 12, "neighbours": 2, "rows_scale": 0.3}
@@ -175,16 +170,16 @@ def test_tiny_model_end_to_end(tiny_model, corpus, tmp_path):
 
 
 def test_model_generator_skips_prompts_over_the_limit(tiny_model, corpus):
-    from progress_sql.eval.policies import ModelGenerator
-    from progress_sql.train.generation import TransformersBackend
-    from progress_sql.train.policy import load_policy
+    from progress_sql.inference import ChatModel
+    from progress_sql.inference.backends import TransformersBackend
+    from progress_sql.inference.models import load_policy
 
     model, tokenizer = load_policy(tiny_model)
     settings = make_settings(generation={"max_prompt_tokens": 32, "max_new_tokens": 4})
-    gen = ModelGenerator("tiny", TransformersBackend(model, tokenizer, 4), tokenizer, settings.generation)
+    gen = ChatModel("tiny", TransformersBackend(model, tokenizer, 4), tokenizer, settings.generation)
     example = next(read_jsonl(CorpusLayout(corpus).split("dev")))
-    short = Request(example, [{"role": "user", "content": "hi"}], "think_sql")
-    long = Request(example, [{"role": "user", "content": "word " * 200}], "think_sql")
+    short = Request([{"role": "user", "content": "hi"}], "think_sql", example)
+    long = Request([{"role": "user", "content": "word " * 200}], "think_sql", example)
     rows = gen.complete([long, short], n=2, temperature=1.0, top_p=1.0, seed=3)
     assert [c.finish_reason for c in rows[0]] == [PROMPT_TOO_LONG] * 2 and rows[0][0].text == ""
     assert all(0 < c.n_tokens <= 4 and c.finish_reason != PROMPT_TOO_LONG for c in rows[1])
@@ -220,13 +215,13 @@ def test_oracle_answers_are_well_formed_in_every_format():
     for fmt in FORMATS:
         parsed = parse_output(oracle_answer(example, fmt), fmt)
         assert parsed.well_formed and parsed.sql == "SELECT a FROM t", fmt
-    rows = OracleGenerator().complete([Request(example, [], "trail")], n=3, temperature=1.0, top_p=1.0, seed=0)
+    rows = OracleGenerator().complete([Request([], "trail", example)], n=3, temperature=1.0, top_p=1.0, seed=0)
     assert len(rows[0]) == 3 and parse_output(rows[0][0].text, "trail").kind == "solution"
 
 
-def test_rollout_policy_refuses_an_unknown_conversation():
+def test_request_policy_refuses_an_unknown_conversation():
     example = Example(id="x", db_id="d", question="q?", gold_sql="SELECT 1", hardness="easy")
-    policy = RolloutPolicy(OracleGenerator(), {"known prompt": example}, "trail")
+    policy = RequestPolicy(OracleGenerator(), {"known prompt": example}, "trail")
     assert parse_output(policy.generate([[{"role": "user", "content": "known prompt"}]])[0].text, "trail").sql == "SELECT 1"
     with pytest.raises(KeyError):
         policy.generate([[{"role": "user", "content": "another prompt"}]])
@@ -235,7 +230,11 @@ def test_rollout_policy_refuses_an_unknown_conversation():
 # ----------------------------------------------------------------------------- MLflow
 @pytest.mark.slow
 def test_metrics_and_reports_go_to_the_active_mlflow_run(corpus, tmp_path, monkeypatch):
+    """run_eval logs nothing (eval sits below tracking); ``tracking.log_eval``, which
+    ``stages.evaluate`` calls, logs its flat metrics and files."""
     mlflow = pytest.importorskip("mlflow")
+    from progress_sql import tracking
+
     previous = mlflow.get_tracking_uri()
     # A file store is enough to check what is logged (and starts in a fraction of the time of
     # a database store, which runs its schema migrations first).
@@ -247,10 +246,12 @@ def test_metrics_and_reports_go_to_the_active_mlflow_run(corpus, tmp_path, monke
         with mlflow.start_run() as run:
             result = run_eval(make_settings(eval={"splits": ["dev"], "vote_k": 2, "pass_k": 0}), ORACLE, corpus, None,
                               tmp_path / "eval", progress=False)
+            assert not mlflow.tracking.MlflowClient().get_run(run.info.run_id).data.metrics
+            assert tracking.log_eval(result)
         logged = mlflow.tracking.MlflowClient().get_run(run.info.run_id)
         artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run.info.run_id, "eval")}
     finally:
         mlflow.set_tracking_uri(previous)
     assert logged.data.metrics["dev/greedy/ex"] == 1.0 and logged.data.metrics["dev/vote_at_2/ts"] == 1.0
     assert {"eval/metrics.json", "eval/report.md", "eval/hardness.png"} <= artifacts
-    assert "logged to the active MLflow run" in result.notes
+    assert not any(path.startswith("eval/predictions") or path.endswith(".jsonl") for path in artifacts)

@@ -9,9 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.train.generation import (  # noqa: E402
+from progress_sql.inference.backends import (  # noqa: E402
     BackendUnavailable,
-    ChatPolicy,
     GenerationBackend,
     Sample,
     TransformersBackend,
@@ -23,7 +22,9 @@ from progress_sql.train.generation import (  # noqa: E402
     reusing_prefixes,
     stop_index,
 )
-from progress_sql.train.policy import chat_prompt_ids  # noqa: E402
+from progress_sql.envs import Request  # noqa: E402
+from progress_sql.inference.models import chat_prompt_ids  # noqa: E402
+from progress_sql.inference.policy import ChatModel  # noqa: E402
 from progress_sql.train.tiny import tiny_config, train_tokenizer  # noqa: E402
 
 TINY = {"vocab_size": 400, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
@@ -226,21 +227,29 @@ def test_each_sequence_of_a_batch_stops_on_its_own(parrot, tokenizer):
 
 
 # ----------------------------------------------------------------------------- policy, sync, factory
-def test_chat_policy_renders_conversations_and_returns_samples(parrot, tokenizer):
-    backend = TransformersBackend(parrot, tokenizer)
-    policy = ChatPolicy(backend, tokenizer, temperature=0, max_new_tokens=40, max_prompt_tokens=64)
+def _chat_model(model, tokenizer, **generation):
+    gen = settings_from_dict({"generation": generation}).generation
+    return ChatModel("tiny", TransformersBackend(model, tokenizer), tokenizer, gen)
+
+
+def test_chat_model_renders_conversations_and_returns_samples(parrot, tokenizer):
+    chat = _chat_model(parrot, tokenizer, max_new_tokens=40, max_prompt_tokens=64)
     too_long = [{"role": "user", "content": "ward " * 200}]
-    out = policy.generate([QUESTION, too_long])
-    assert out[0].prompt_ids == chat_prompt_ids(tokenizer, QUESTION) and out[0].text == ANSWER
-    assert out[1].token_ids == [] and out[1].text == "" and out[1].finish_reason == "length"
+    out = chat.complete([Request(QUESTION, "think_sql"), Request(too_long, "think_sql")], n=1, temperature=0.0,
+                        top_p=1.0, seed=None)
+    assert out[0][0].prompt_ids == chat_prompt_ids(tokenizer, QUESTION) and out[0][0].text == ANSWER
+    assert out[1][0].token_ids == [] and out[1][0].text == "" and out[1][0].finish_reason == "prompt_too_long"
+    # the policy of a rollout applies the same limit when asked to (evaluation does)
+    turns = chat.policy("think_sql", temperature=0.0, limit_prompt=True).generate([QUESTION, too_long])
+    assert turns[0].text == ANSWER and turns[1].text == "" and turns[1].sample.finish_reason == "prompt_too_long"
 
 
-def test_chat_policy_advances_its_seed_per_call(model, tokenizer):
-    policy = ChatPolicy(TransformersBackend(model, tokenizer), tokenizer, temperature=1.0, max_new_tokens=8, seed=5)
+def test_chat_model_policy_seeds_each_call_afresh(model, tokenizer):
+    chat = _chat_model(model, tokenizer, temperature=1.0, max_new_tokens=8)
+    policy = chat.policy("think_sql", seed=5)
     first, second = policy.generate([QUESTION]), policy.generate([QUESTION])
-    direct = TransformersBackend(model, tokenizer).generate([chat_prompt_ids(tokenizer, QUESTION)], temperature=1.0,
-                                                            max_new_tokens=8, seed=6)
-    assert second[0].token_ids == direct[0][0].token_ids != first[0].token_ids
+    again = chat.policy("think_sql", seed=5).generate([QUESTION])
+    assert again[0].sample.token_ids == first[0].sample.token_ids != second[0].sample.token_ids
 
 
 # ----------------------------------------------------------------------------- kept prefixes
@@ -354,15 +363,15 @@ def test_generation_restores_training_mode(model, tokenizer):
 
 
 def test_make_backend_picks_the_configured_backend(model, tokenizer):
-    backend = make_backend(settings_from_dict({"generation": {"batch_size": 3}}), model, tokenizer)
+    backend = make_backend(settings_from_dict({"generation": {"batch_size": 3}}).generation, model, tokenizer)
     assert isinstance(backend, TransformersBackend) and backend.batch_size == 3
     with pytest.raises(ValueError, match="model_path"):
-        make_backend(settings_from_dict({"generation": {"backend": "vllm"}}), model, tokenizer)
+        make_backend(settings_from_dict({"generation": {"backend": "vllm"}}).generation, model, tokenizer)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_vllm_backend_without_vllm_names_the_extra(model, tokenizer, tmp_path):
-    settings = settings_from_dict({"generation": {"backend": "vllm"}})
+    settings = settings_from_dict({"generation": {"backend": "vllm"}}).generation
     with pytest.raises(BackendUnavailable, match=r"optional extra `vllm`"):
         VLLMBackend(tmp_path, settings)
     with pytest.raises(BackendUnavailable, match="vllm"):

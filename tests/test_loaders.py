@@ -25,8 +25,8 @@ from progress_sql.data.loaders import (
     synsql_database_path,
 )
 from progress_sql.data.loaders import reading
-from progress_sql.data.records import CorpusError, Example
-from progress_sql.data.schema import create_database, read_tables_json
+from progress_sql.corpus.records import CorpusError, Example
+from progress_sql.corpus.schema import create_database, read_tables_json
 from progress_sql.sql import hardness
 
 from conftest import SPIDER_ROWS as ROWS

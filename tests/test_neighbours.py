@@ -17,7 +17,7 @@ from progress_sql.data.neighbours import (
     MUTATION_KINDS, column_types, fuzz_rows, measure_ex_vs_ts, mutate, query_literals,
 )
 from progress_sql.data.query import Col, Cond, Select
-from progress_sql.data.records import CorpusLayout
+from progress_sql.corpus.records import CorpusLayout
 from progress_sql.sql import execution_match, parse_one, test_suite_match
 
 SETTINGS = settings_from_dict({"data": {
@@ -159,7 +159,7 @@ def test_measurement_on_the_dev_split_shows_ts_stricter_than_ex(corpus):
 
 
 def test_mutants_of_real_golds_parse_and_differ(corpus):
-    from progress_sql.data.records import read_jsonl
+    from progress_sql.corpus.records import read_jsonl
 
     for ex in list(read_jsonl(corpus.split("dev")))[:30]:
         types = column_types(corpus.database(ex.db_id))

@@ -20,10 +20,10 @@ from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
-from progress_sql.data.records import Example  # noqa: E402
+from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite  # noqa: E402
 from progress_sql.envs.prompts import round1_messages  # noqa: E402
-from progress_sql.train.policy import chat_prompt_ids, load_policy  # noqa: E402
+from progress_sql.inference.models import chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 
 GATE = "dev/greedy/ex"

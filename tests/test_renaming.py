@@ -13,8 +13,8 @@ from progress_sql.data.build import build_corpus, split_domains
 from progress_sql.data.domains import CATALOGUE, get_domain
 from progress_sql.data.domains.renaming import domain_words, plural, rename_domain, rename_pool, renamed_copies
 from progress_sql.data.domains.spec import After
-from progress_sql.data.records import CorpusLayout, read_jsonl
-from progress_sql.data.schema import read_tables_json
+from progress_sql.corpus.records import CorpusLayout, read_jsonl
+from progress_sql.corpus.schema import read_tables_json
 from progress_sql.sql import execute
 
 SMALL = {

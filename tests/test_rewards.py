@@ -25,7 +25,7 @@ from progress_sql.rewards.components import (
     schema_items,
     schema_linking,
 )
-from progress_sql.rewards.formats import strip_fences
+from progress_sql.formats import strip_fences
 from progress_sql.rewards.judge import (
     JudgeError,
     LocalJudge,
@@ -581,7 +581,7 @@ def test_real_odt_trajectory(school_db):
         "<think>x</think><sql>DROP TABLE student</sql>",  # refused by the sandbox
         think("SELECT s.name FROM student AS s WHERE s.age > 20 ORDER BY s.name"),  # equivalent
     ]
-    turns = [make_turn(text, "think_sql", school_db, gold_result, True, S) for text in outputs]
+    turns = [make_turn(text, "think_sql", school_db, gold, S.sandbox) for text in outputs]
     assert [t.correct for t in turns] == [False, False, False, True]
     assert [executable(t) for t in turns] == [True, False, False, True]
     assert turns[2].result.error == "forbidden"
@@ -596,18 +596,16 @@ def test_real_odt_trajectory(school_db):
     assert out.info["F_struct_last"] == pytest.approx(1.0)
 
     reversed_order = make_turn(think("SELECT name FROM student WHERE age > 20 ORDER BY name DESC"),
-                               "think_sql", school_db, gold_result, True, S)
-    assert not reversed_order.correct
+                               "think_sql", school_db, gold, S.sandbox)
+    assert not reversed_order.correct  # the gold's output is ordered: order matters
     assert make_turn(think("SELECT name FROM student WHERE age > 20 ORDER BY name DESC"),
-                     "think_sql", school_db, gold_result, False, S).correct
+                     "think_sql", school_db, "SELECT name FROM student WHERE age > 20", S.sandbox).correct
 
 
 def test_real_trail_and_single_turn(school_db):
     gold = "SELECT count(*) FROM enrolment WHERE grade > 2"
-    gold_result = execute(school_db, gold)
-    probe = make_turn(call("SELECT grade FROM enrolment LIMIT 3"), "trail", school_db, gold_result, False, S)
-    final = make_turn(solution("SELECT COUNT(*) FROM enrolment AS e WHERE e.grade > 2"), "trail", school_db,
-                      gold_result, False, S)
+    probe = make_turn(call("SELECT grade FROM enrolment LIMIT 3"), "trail", school_db, gold, S.sandbox)
+    final = make_turn(solution("SELECT COUNT(*) FROM enrolment AS e WHERE e.grade > 2"), "trail", school_db, gold, S.sandbox)
     assert probe.result.ok and not probe.correct and final.correct
     t = Trajectory(turns=(probe, final), gold_sql=gold, difficulty="", max_turns=S.env.trail_max_turns)
     assert rewards.get("skyrl")(t, S).total == W.skyrl.correct
@@ -615,9 +613,9 @@ def test_real_trail_and_single_turn(school_db):
     assert trail.components["exec"] == W.sql_trail.exec and trail.info["t"] == 1
     assert trail.components["syntax"] == W.sql_trail.syntax and trail.components["format"] == W.sql_trail.format
 
-    none = make_turn("no tags", "reasoning_answer", school_db, gold_result, False, S)
+    none = make_turn("no tags", "reasoning_answer", school_db, gold, S.sandbox)
     assert none == Turn(text="no tags", sql=None, result=None, correct=False)
-    missing_db = make_turn(answer(gold), "reasoning_answer", school_db.parent / "nope.sqlite", gold_result, False, S)
+    missing_db = make_turn(answer(gold), "reasoning_answer", school_db.parent / "nope.sqlite", gold, S.sandbox)
     assert missing_db.result.error == "no_database" and not missing_db.correct
 
 

@@ -1,4 +1,4 @@
-"""Token assembly of multi-turn rollouts (train.rollout): exact sampled ids, masks, the chat
+"""Token assembly of multi-turn rollouts (inference.policy, train.trajectories): exact sampled ids, masks, the chat
 template's prefix property, conversation matching, truncation."""
 
 from __future__ import annotations
@@ -9,18 +9,12 @@ torch = pytest.importorskip("torch")
 
 from progress_sql import envs  # noqa: E402
 from progress_sql.config import default_settings  # noqa: E402
-from progress_sql.data.records import Example  # noqa: E402
-from progress_sql.train.generation import Sample, TransformersBackend  # noqa: E402
-from progress_sql.train.policy import chat_prompt_ids, prepare_tokenizer  # noqa: E402
-from progress_sql.train.rollout import (  # noqa: E402
-    TemplateDeltas,
-    TokenizedTrajectory,
-    TokenPolicy,
-    TurnOutput,
-    max_sequence_tokens,
-    stop_strings,
-    tokenized_trajectory,
-)
+from progress_sql.corpus.records import Example  # noqa: E402
+from progress_sql.inference.backends import Sample, TransformersBackend  # noqa: E402
+from progress_sql.inference.models import chat_prompt_ids, prepare_tokenizer  # noqa: E402
+from progress_sql.formats import stop_strings  # noqa: E402
+from progress_sql.inference.policy import TemplateDeltas, TokenPolicy, TurnOutput  # noqa: E402
+from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory  # noqa: E402
 from progress_sql.train.tiny import fixed_texts, tiny_config, train_tokenizer  # noqa: E402
 
 GOLD = "SELECT name FROM department WHERE budget > 600"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import sqlglot
 
-from progress_sql.data.records import CorpusError
-from progress_sql.data.schema import (
+from progress_sql.corpus.records import CorpusError
+from progress_sql.corpus.schema import (
     create_database,
     parse_ddl,
     quote_identifier,

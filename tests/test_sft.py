@@ -12,15 +12,15 @@ torch = pytest.importorskip("torch")
 
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
-from progress_sql.data.records import CorpusLayout, read_jsonl, write_jsonl  # noqa: E402
+from progress_sql.corpus.records import CorpusLayout, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402
 from progress_sql.odt import FALLBACK_FEEDBACK, VALUE_MISMATCH, diagnose, feedback_text  # noqa: E402
 from progress_sql.odt.feedback import DB_ENGINE  # noqa: E402
-from progress_sql.rewards.formats import parse_output  # noqa: E402
+from progress_sql.formats import parse_output  # noqa: E402
 from progress_sql.sql import execute, order_matters, results_match  # noqa: E402
 from progress_sql.sql.parse import parse_one  # noqa: E402
 from progress_sql.train import corrupt as C  # noqa: E402
-from progress_sql.train.policy import load_policy  # noqa: E402
+from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.sft import (  # noqa: E402
     METRICS_FILE,
     _batches,

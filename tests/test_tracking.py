@@ -20,6 +20,7 @@ from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import Settings, settings_from_dict  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
+from progress_sql.eval import EvalResult  # noqa: E402
 
 from conftest import REPO  # noqa: E402
 
@@ -65,7 +66,7 @@ def test_tracking_uri_env_wins_then_settings_then_local_sqlite(monkeypatch, tmp_
 
 def test_settings_flatten_to_every_params_yaml_leaf():
     params = tracking.settings_params(Settings())
-    raw = tracking.flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
+    raw = tracking.flat_params(yaml.safe_load((REPO / "params.yaml").read_text()))
     assert set(params) == set(raw)
     assert params["odt.weights.select"] == "0.2" and params["rl.recipe"] == "progress"
     assert json.loads(params["eval.splits"]) == ["dev", "test", "syn", "realistic", "dk"]
@@ -158,10 +159,15 @@ def test_logging_without_a_run_or_with_tracking_off_does_nothing(store, tmp_path
     tracking.log_metrics({"x": 1.0})
     tracking.log_params({"a": 1})
     tracking.log_artifacts(tmp_path)
+    assert tracking.log_eval(EvalResult("m", {}, {"dev/greedy/ex": 1.0}, {"metrics": tmp_path / "m.json"})) is False
     off = make_settings("off", tracking={"enabled": False})
     with tracking.pipeline_run(off, "p") as run, tracking.stage_run("sft", off) as stage:
         assert run is None and stage is None and mlflow.active_run() is None
     assert runs_of("off") == []
+
+
+def test_metric_keys_are_made_mlflow_safe():
+    assert tracking.mlflow_key("dev/vote@8/by_difficulty/very hard?") == "dev/vote_8/by_difficulty/very hard_"
 
 
 def test_stage_run_needs_settings_outside_a_pipeline(store):

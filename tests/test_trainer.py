@@ -19,16 +19,18 @@ from safetensors.torch import load_file  # noqa: E402
 
 from progress_sql import envs  # noqa: E402
 from progress_sql.config import RLSettings, default_settings  # noqa: E402
-from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
+from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
 from progress_sql.train.losses import group_advantages, token_logprobs  # noqa: E402
-from progress_sql.train.policy import load_policy  # noqa: E402
-from progress_sql.train.rollout import TokenPolicy, stop_strings, tokenized_trajectory  # noqa: E402
+from progress_sql.inference.models import load_policy  # noqa: E402
+from progress_sql.formats import stop_strings  # noqa: E402
+from progress_sql.inference.policy import TokenPolicy  # noqa: E402
+from progress_sql.train.trajectories import tokenized_trajectory  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import collate, micro_batch_loss, question_indices, run_rl  # noqa: E402
-from progress_sql.train.generation import TransformersBackend  # noqa: E402
+from progress_sql.inference.backends import TransformersBackend  # noqa: E402
 
 QUESTIONS = [
     ("How many students are there?", "SELECT count(*) FROM student"),

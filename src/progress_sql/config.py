@@ -1,6 +1,6 @@
 """Typed settings for params.yaml: the one home of every tunable number.
 
-The defaults below are the project's defaults (``../shared/design/DEFAULTS.md``); params.yaml
+The defaults below are the project's defaults (``docs/design.md``); params.yaml
 lists every one of them explicitly (a test keeps the two in sync). Unknown keys, wrong types
 and out-of-range values are errors that name the key.
 """
@@ -13,144 +13,36 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from progress_sql import envs, rewards
+from progress_sql.envs.settings import EnvSettings
+from progress_sql.inference.settings import BACKENDS, GenerationSettings
+from progress_sql.odt.settings import ODTSettings
+from progress_sql.rewards.registry import RewardSettings
+from progress_sql.sections import Section as _Section
+from progress_sql.sql.settings import SandboxSettings
 
 
 class SettingsError(ValueError):
     """params.yaml (or an override) is missing, malformed or out of range."""
 
 
-class _Section(BaseModel):
-    # Every section forbids unknown keys and re-validates on assignment, so a typo or a bad
-    # override never passes silently.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+def _registered(kind: str, name: str, known: tuple[str, ...]) -> str:
+    if name not in known:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(known)}")
+    return name
 
 
-# ----------------------------------------------------------------------------- sandbox
-class SandboxSettings(_Section):
-    timeout_s: float = Field(5.0, gt=0.0, le=600.0)
-    max_rows: int = Field(10_000, ge=1)
-    max_sql_chars: int = Field(100_000, ge=1)
-    workers: int = Field(2, ge=1, le=256)
-    gold_cache_size: int = Field(4096, ge=0)
-
-
-# ----------------------------------------------------------------------------- ODT
-class ODTFeatureWeights(_Section):
-    select: float = Field(0.20, ge=0.0)
-    tables: float = Field(0.15, ge=0.0)
-    joins: float = Field(0.15, ge=0.0)
-    where: float = Field(0.15, ge=0.0)
-    group_by: float = Field(0.10, ge=0.0)
-    having: float = Field(0.05, ge=0.0)
-    order_by: float = Field(0.05, ge=0.0)
-    booleans: float = Field(0.10, ge=0.0)
-    counts: float = Field(0.05, ge=0.0)
-
-    @model_validator(mode="after")
-    def _positive_total(self) -> "ODTFeatureWeights":
-        if sum(self.model_dump().values()) <= 0:
-            raise ValueError("odt.weights: the weights must not all be zero")
-        return self
-
-
-class ODTThresholds(_Section):
-    """A tag is emitted when its feature similarity falls below its threshold."""
-
-    select: float = Field(1.0, ge=0.0, le=1.0)
-    select_count: float = Field(1.0, ge=0.0, le=1.0)
-    tables: float = Field(1.0, ge=0.0, le=1.0)
-    join_count: float = Field(1.0, ge=0.0, le=1.0)
-    joins: float = Field(1.0, ge=0.0, le=1.0)
-    where: float = Field(1.0, ge=0.0, le=1.0)
-    group_by: float = Field(1.0, ge=0.0, le=1.0)
-    having: float = Field(1.0, ge=0.0, le=1.0)
-    order_by: float = Field(1.0, ge=0.0, le=1.0)
-    limit: float = Field(1.0, ge=0.0, le=1.0)
-    distinct: float = Field(1.0, ge=0.0, le=1.0)
-    aggregation: float = Field(1.0, ge=0.0, le=1.0)
-
-
-class ODTSettings(_Section):
-    alpha: float = Field(0.70, ge=0.0, le=1.0)
-    weights: ODTFeatureWeights = ODTFeatureWeights()
-    thresholds: ODTThresholds = ODTThresholds()
-    profile_cache_size: int = Field(8192, ge=0)
-
-
-# ----------------------------------------------------------------------------- rewards
-class ProgressRewardSettings(_Section):
-    align_pos: float = Field(0.8, ge=0.0)
-    align_neg: float = Field(-0.1, le=0.0)
-    acc: float = Field(2.0, gt=0.0)
-    gamma: float = Field(0.5, gt=0.0, lt=1.0)
-    keep: float = Field(0.5, ge=0.0)
-    recover: float = Field(0.5, ge=0.0)
-    deteriorate: float = Field(-0.5, le=0.0)
-    format: float = Field(0.5, ge=0.0)
-
-
-class OneShotRewardSettings(_Section):
-    correct: float = Field(2.0, ge=0.0)
-    executable: float = Field(0.5, ge=0.0)
-    format: float = Field(0.5, ge=0.0)
-
-
-class ReasoningSQLRewardSettings(_Section):
-    exec: float = Field(3.0, ge=0.0)
-    judge: float = Field(2.0, ge=0.0)
-    syntax: float = Field(1.0, ge=0.0)
-    schema_linking: float = Field(1.0, ge=0.0)
-    ngram: float = Field(1.0, ge=0.0)
-    format: float = Field(1.0, ge=0.0)
-    ngram_n: int = Field(2, ge=1, le=8)
-    # "off": no judge; its weight is redistributed over the other components (and reported).
-    judge_backend: Literal["off", "openai", "local"] = "off"
-    judge_endpoint: str = ""
-    judge_model: str = ""
-    judge_timeout_s: float = Field(60.0, gt=0.0)  # one judge request, seconds
-
-
-class SQLTrailTurnLimits(_Section):
-    easy: int = Field(2, ge=1)
-    medium: int = Field(3, ge=1)
-    hard: int = Field(5, ge=1)
-    extra: int = Field(5, ge=1)
-
-
-class SQLTrailRewardSettings(_Section):
-    exec: float = Field(5.0, ge=0.0)
-    turns: float = Field(2.0, ge=0.0)
-    schema_linking: float = Field(1.0, ge=0.0)
-    bigram: float = Field(1.0, ge=0.0)
-    syntax: float = Field(1.0, ge=0.0)
-    format: float = Field(1.0, ge=0.0)
-    turn_limits: SQLTrailTurnLimits = SQLTrailTurnLimits()
-
-
-class SkyRLRewardSettings(_Section):
-    bad_format: float = Field(-1.0, le=0.0)
-    wrong: float = 0.0
-    correct: float = Field(1.0, gt=0.0)
-
-
-class RewardSettings(_Section):
-    progress: ProgressRewardSettings = ProgressRewardSettings()
-    oneshot: OneShotRewardSettings = OneShotRewardSettings()
-    reasoning_sql: ReasoningSQLRewardSettings = ReasoningSQLRewardSettings()
-    sql_trail: SQLTrailRewardSettings = SQLTrailRewardSettings()
-    skyrl: SkyRLRewardSettings = SkyRLRewardSettings()
-
-
-# ----------------------------------------------------------------------------- environments
-class EnvSettings(_Section):
-    # paper: Appendix F's system prompt and the schema as DDL; compact: a one-line system prompt
-    # and ``- table: column, ...`` lines (the tiny CPU policy; see envs.prompts)
-    prompt_style: Literal["paper", "compact"] = "compact"
-    max_turns: int = Field(4, ge=1, le=32)  # T of Algorithm 1
-    trail_max_turns: int = Field(10, ge=1, le=64)  # SQL-Trail / SkyRL tool budget
-    observation_max_rows: int = Field(50, ge=1)
-    observation_max_chars: int = Field(9000, ge=100)
+def registered_names() -> dict[str, tuple[str, ...]]:
+    """The settings that name a registered part, and the names each accepts (from the
+    registries themselves; docs/CONFIG.md lists them)."""
+    return {
+        "generation.backend": BACKENDS,
+        "rl.recipe": rewards.names(),
+        "rl.env": envs.names(),
+        "eval.multi_turn_env": tuple(n for n in envs.names() if not envs.get(n).reads_gold),
+    }
 
 
 # ----------------------------------------------------------------------------- data
@@ -244,17 +136,6 @@ class ModelSettings(_Section):
     copy_warmup: CopyWarmupSettings = CopyWarmupSettings()
 
 
-class GenerationSettings(_Section):
-    backend: Literal["transformers", "vllm"] = "transformers"
-    temperature: float = Field(1.0, ge=0.0, le=5.0)  # 0 = greedy
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(256, ge=1)
-    max_prompt_tokens: int = Field(2048, ge=16)
-    batch_size: int = Field(32, ge=1)  # sequences per generate call
-    prefix_cache: bool = True  # transformers: a conversation's next turn prefills only its new tokens
-    vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-
-
 class LoRASettings(_Section):
     enabled: bool = False
     r: int = Field(16, ge=1)
@@ -282,8 +163,8 @@ class SFTSettings(_Section):
 class RLSettings(_Section):
     init_from: str = "outputs/sft"  # policy to start from (path or hub id)
     out_dir: str = "outputs/rl"
-    recipe: Literal["progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl"] = "progress"
-    env: Literal["single_turn", "odt_feedback", "exec_feedback"] = "odt_feedback"
+    recipe: str = "progress"  # a name of the reward registry (progress_sql.rewards.names())
+    env: str = "odt_feedback"  # a name of the environment registry (progress_sql.envs.names())
     # grpo: token ratio, (r - mean)/(std + eps) advantages; dr_grpo: no std scaling, token sums
     # over a constant; gspo: sequence ratio. DAPO = grpo + clip_eps_high > clip_eps + token_mean.
     algorithm: Literal["grpo", "gspo", "dr_grpo"] = "grpo"
@@ -297,7 +178,7 @@ class RLSettings(_Section):
     # all: every train question of rl.hardness. solved: only those the starting policy answers
     # right with one greedy output (the eval protocol), found by a pass over them at the start
     # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
-    # of these groups and in few of the others (README, "RL only on questions the policy already answers").
+    # of these groups and in few of the others (docs/experiments/2026-12-02-rl-on-solved-questions.md).
     question_pool: Literal["all", "solved"] = "all"
     pool_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
     steps: int = Field(40, ge=1)
@@ -312,7 +193,7 @@ class RLSettings(_Section):
     adv_eps: float = Field(1e-6, gt=0.0)
     # Negative advantages are multiplied by this (1.0: GRPO as published). Below 1, wrong rollouts
     # are pushed down less than right ones are pushed up: a small policy's many wrong rollouts
-    # otherwise drag its few right ones down with them (README, "Why correctness does not climb").
+    # otherwise drag its few right ones down with them (docs/experiments/2026-12-01-negative-advantage-scale.md).
     negative_advantage_scale: float = Field(1.0, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
@@ -323,6 +204,16 @@ class RLSettings(_Section):
     deepspeed_config: str = "configs/deepspeed/zero2.json"
     save_rollouts: bool = True  # every step's episodes (texts, rewards, token ids) to rollouts/step-N.jsonl
     seed: int = Field(0, ge=0)
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, name: str) -> str:
+        return _registered("reward recipe", name, rewards.names())
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, name: str) -> str:
+        return _registered("environment", name, envs.names())
 
     @model_validator(mode="after")
     def _clip_range(self) -> "RLSettings":
@@ -364,10 +255,19 @@ class EvalSettings(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_examples: int = Field(30, ge=0)  # per split (CPU default); 0: every example
     multi_turn: bool = False  # also run the SQL-tool protocol (SQL-Trail / SkyRL), greedy
+    multi_turn_env: str = "exec_feedback"  # the environment of that protocol; its feedback may not read the gold
     ts: bool = True  # test-suite accuracy where a database has neighbours
     out_dir: str = "reports/eval"
     batch_size: int = Field(64, ge=1)  # examples per generation + execution round
     gate_metric: str = "dev/greedy/ex"  # flat metric key the model registry promotes on
+
+    @field_validator("multi_turn_env")
+    @classmethod
+    def _test_time_env(cls, name: str) -> str:
+        _registered("environment", name, envs.names())
+        if envs.get(name).reads_gold:
+            raise ValueError(f"{name!r} reads the gold query in its feedback; it cannot run at test time")
+        return name
 
     @model_validator(mode="after")
     def _something_to_run(self) -> "EvalSettings":

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.config import Settings
+from progress_sql.config import Settings, registered_names
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -57,13 +57,15 @@ def _type_name(annotation: Any) -> str:
 
 def _rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
     defaults = model()
+    registered = registered_names()
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
         default = getattr(defaults, name)
         if isinstance(default, BaseModel):
             yield from _rows(type(default), key + ".")
             continue
-        yield key, _type_name(info.annotation), repr(default), _constraints(info)
+        kind = "one of " + " \\| ".join(registered[key]) if key in registered else _type_name(info.annotation)
+        yield key, kind, repr(default), _constraints(info)
 
 
 def reference_markdown(params_text: str) -> str:

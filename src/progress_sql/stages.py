@@ -111,8 +111,9 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
 def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Sequence[str] | None,
              out_dir: str | Path, *, progress: bool = True) -> EvalResult:
     """``evaluate``: ``model`` (a folder, a hub id, ``models:/NAME@ALIAS``, ``oracle``, ...) on
-    ``splits`` (empty: ``eval.splits``); the files go to ``out_dir``, the flat metrics to the
-    stage run and its pipeline run."""
+    ``splits`` (empty: ``eval.splits``); the files go to ``out_dir`` and, but for the
+    predictions, to the stage run's artifacts (``eval/``); the flat metrics to the stage run
+    and its pipeline run."""
     from progress_sql import tracking
     from progress_sql.eval.runner import run_eval
 
@@ -120,7 +121,8 @@ def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Seq
         local = str(tracking.local_model_dir(model, settings)) if tracking.is_registry_uri(model) else model
         tracking.log_params({"eval.model": model})
         result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)
-        tracking.log_pipeline_metrics(result.flat)  # run_eval logged them on the stage run
+        if tracking.log_eval(result):  # evaluation logs nothing itself: it sits below tracking
+            result.notes.append("logged to the active MLflow run")
     return result
 
 
@@ -148,3 +150,19 @@ def gate(settings: Settings, name: str, version: int, metrics: Mapping[str, floa
     if report:
         tracking.write_registry_report(report, name, version, decision)
     return decision
+
+
+def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, evidence: str = "") -> Any:
+    """``progress-sql ask``: one question about a SQLite file, answered greedily by ``model``
+    (a folder, a hub id, a bundled model's name or a ``models:/name@alias`` URI) in the output
+    format of ``rl.recipe``, its SQL run read-only (``inference.ask.AskAnswer``). Errors:
+    CorpusError (unreadable database), PolicyLoadError (model), TrackingError (registry URI)."""
+    from progress_sql import rewards
+    from progress_sql.inference import ChatModel
+    from progress_sql.inference.ask import answer_on_database
+    from progress_sql.tracking.registry import local_model_dir
+
+    chat = ChatModel.load(local_model_dir(model, settings), settings.generation, dtype=settings.model.dtype,
+                          seed=settings.seed)
+    return answer_on_database(chat, db_path, question, rewards.get(settings.rl.recipe).fmt, settings.env,
+                              settings.sandbox, evidence=evidence, seed=settings.seed)

@@ -17,15 +17,15 @@ def ask(
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Generate SQL for a question (greedy, the output format of rl.recipe) and run it read-only."""
-    from progress_sql.data.records import CorpusError
+    from progress_sql.corpus.records import CorpusError
     from progress_sql.envs.exec_feedback import format_result
+    from progress_sql import stages
+    from progress_sql.inference import PolicyLoadError
     from progress_sql.tracking import TrackingError
-    from progress_sql.tracking.served_model import ask as ask_model
-    from progress_sql.train.policy import PolicyLoadError
 
     settings = load_or_exit(params, parse_overrides(overrides))
     try:
-        answer = ask_model(model, db, question, settings, evidence=evidence)
+        answer = stages.ask(settings, model, db, question, evidence=evidence)
     except (CorpusError, PolicyLoadError, TrackingError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None

@@ -47,7 +47,7 @@ def stage_or_exit(name: str, errors: tuple[type[BaseException], ...] = ()) -> It
     of ``progress_sql.stages``) fails in a way it reports: a CorpusError, an MLflow
     TrackingError, a ValueError or FileNotFoundError from the stage's checks, or one of
     ``errors``. The stage's MLflow run is already marked FAILED when the error gets here."""
-    from progress_sql.data.records import CorpusError
+    from progress_sql.corpus.records import CorpusError
     from progress_sql.tracking import TrackingError
 
     try:

@@ -21,7 +21,7 @@ def build(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
     """Generate the bundled corpus: databases, splits, robustness variants, neighbours."""
-    from progress_sql.data.records import CorpusError
+    from progress_sql.corpus.records import CorpusError
 
     settings = load_or_exit(params, parse_overrides(overrides))
     target = Path(out or settings.data.out_dir)
@@ -48,7 +48,7 @@ def validate(
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Run the Great Expectations suite over a corpus; exit 1 naming each failed expectation."""
-    from progress_sql.data.records import CorpusError
+    from progress_sql.corpus.records import CorpusError
 
     settings = load_or_exit(params, parse_overrides(overrides))
     errors: tuple[type[BaseException], ...] = (CorpusError,)

@@ -25,7 +25,7 @@ def evaluate(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars"),
 ) -> None:
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
-    from progress_sql.train.policy import PolicyLoadError
+    from progress_sql.inference.models import PolicyLoadError
 
     settings = load_or_exit(params, parse_overrides(overrides))
     out_dir = Path(out or settings.eval.out_dir)

@@ -44,8 +44,8 @@ def register(
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Log and register a model version; move the champion alias only if it beats the champion."""
-    from progress_sql.eval.metrics import flatten
-    from progress_sql.eval.reports import write_json
+    from progress_sql.eval.metrics import flat_metrics
+    from progress_sql.files import write_json
 
     settings = load_or_exit(params, parse_overrides(overrides))
     name = name or settings.tracking.model_name
@@ -57,7 +57,7 @@ def register(
     flat: dict[str, float] = {}
     if metrics:
         try:
-            flat = flatten(json.loads(Path(metrics).read_text(encoding="utf-8")))
+            flat = flat_metrics(json.loads(Path(metrics).read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as err:
             typer.echo(f"error: cannot read metrics {metrics}: {err}", err=True)
             raise typer.Exit(1) from None

@@ -23,7 +23,7 @@ REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / pl
 
 def _policy_errors() -> tuple[type[BaseException], ...]:
     from progress_sql.train.checkpoint import CheckpointError
-    from progress_sql.train.policy import PolicyLoadError
+    from progress_sql.inference.models import PolicyLoadError
 
     return (PolicyLoadError, CheckpointError)
 

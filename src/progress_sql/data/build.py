@@ -37,7 +37,7 @@ from progress_sql.data.drafting import Draft, draw_examples
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
 from progress_sql.data.neighbours import query_literals, write_neighbours
 from progress_sql.data.patterns import LEVELS, DbContext
-from progress_sql.data.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
+from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
 from progress_sql.data.variants import build_variants
 from progress_sql.sql.sandbox import clear_connection_cache
 

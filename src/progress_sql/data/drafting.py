@@ -19,7 +19,7 @@ from progress_sql.config import Settings
 from progress_sql.data.domains.spec import Domain, DKRule
 from progress_sql.data.patterns import FAMILY_BY_NAME, LEVELS, DbContext, Family, ask, families_for
 from progress_sql.data.query import Col, Cond, Select, map_conds, reasoning, render_sql
-from progress_sql.data.records import CorpusError, Example
+from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.sql import ExecResult, GoldCache, execute, execution_match, hardness, strip_distinct
 
 _ATTEMPTS_PER_EXAMPLE = 60  # a safety bound: give up (with a message) after this many tries each

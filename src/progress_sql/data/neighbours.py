@@ -31,7 +31,7 @@ from progress_sql.config import Settings
 from progress_sql.data.domains.spec import Column, Domain
 from progress_sql.data.generate_db import Rows, parent_sampler, ref_value, write_database
 from progress_sql.data.query import Col, Select, all_conds
-from progress_sql.data.records import CorpusLayout, read_jsonl
+from progress_sql.corpus.records import CorpusLayout, read_jsonl
 from progress_sql.sql import GoldCache, SQLParseError, execution_match, parse_one, test_suite_match
 from progress_sql.sql.parse import DIALECT
 

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from progress_sql.config import Settings
-from progress_sql.data.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_text
+from progress_sql.corpus.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_text
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 
 REQUIRED_FIELDS = ("id", "db_id", "question", "gold_sql", "hardness")

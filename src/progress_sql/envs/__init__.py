@@ -12,7 +12,7 @@ and ``exec_feedback`` (SQL-Trail / SkyRL-SQL tool loop). Pure Python: no torch.
 
 from __future__ import annotations
 
-from progress_sql.envs.base import Env, Episode, Policy, ScriptedPolicy, StepResult, output_text
+from progress_sql.envs.base import Env, Episode, Policy, Request, ScriptedPolicy, StepResult, output_text
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite
 from progress_sql.envs.exec_feedback import ExecFeedbackEnv
 from progress_sql.envs.odt_feedback import ODTFeedbackEnv
@@ -42,6 +42,7 @@ __all__ = [
     "ExecFeedbackEnv",
     "ODTFeedbackEnv",
     "Policy",
+    "Request",
     "SchemaTexts",
     "ScriptedPolicy",
     "SingleTurnEnv",

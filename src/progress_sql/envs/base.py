@@ -3,7 +3,7 @@
 An environment (SkyRL-gym style) is driven by ``reset`` (the round-1 conversation) and ``step``
 (one model output in, the environment's reply out); ``rollout`` in ``envs.rollout`` steps many
 of them in lockstep. Correctness is decided once per turn by ``rewards.make_turn``: the turn's
-SQL executed read-only and compared with the gold result by ``results_match``.
+SQL executed read-only and judged by ``sql.verdict``, the decision the evaluation's EX makes.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence, runtime_checkable
 
-from progress_sql.config import Settings, default_settings
-from progress_sql.data.records import Example
+from progress_sql.corpus.records import Example
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import Message, round1_messages
-from progress_sql.rewards.formats import FormatName
+from progress_sql.envs.settings import TaskSettings, default_task_settings
+from progress_sql.formats import FormatName
 from progress_sql.rewards.scoring import make_turn
 from progress_sql.rewards.types import Trajectory, Turn
+from progress_sql.sql import Semantics
 from progress_sql.sql import gold_result as cached_gold_result
-from progress_sql.sql import order_matters as gold_order_matters
 from progress_sql.sql.result import ExecResult
 
 # Why an episode ended. correct: a turn matched the gold (ODT loop); max_turns: T turns, none
@@ -41,6 +41,17 @@ class Policy(Protocol):
     """
 
     def generate(self, messages_batch: list[list[Message]]) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """One conversation to continue and the output format its prompt asks for (the format
+    gives a generation's stop strings). ``example``: what the conversation is about, for
+    generators that read it (evaluation's oracle); a model ignores it."""
+
+    messages: list[Message]
+    fmt: FormatName
+    example: Any = None
 
 
 def output_text(output: Any) -> str:
@@ -118,7 +129,8 @@ class Episode:
     ODT tags (``()`` for a correct turn or where the environment does not diagnose);
     ``k_star``: the first turn whose execution matched the gold (1-based), or None;
     ``correct``: the episode's final answer is correct; ``generations``: the raw policy outputs,
-    one per turn (strings, or the policy's generation records).
+    one per turn (strings, or the policy's generation records); ``gold``: the gold's raw
+    execution (a record: correctness compares comparison views, see ``sql.verdict``).
     """
 
     env: str
@@ -164,33 +176,40 @@ def _default_schema_texts(prompt_style: str) -> SchemaTexts:
     return SchemaTexts(prompt_style=prompt_style)  # shared: every environment reads a database's DDL once
 
 
-@functools.lru_cache(maxsize=4096)
-def _cached_order_matters(gold_sql: str) -> bool:
-    return gold_order_matters(gold_sql)  # the G rollouts of a question share one parse
-
-
 class Env:
     """Base of the environments: ``reset`` then ``step`` until ``done``; ``episode`` is the record.
 
-    ``settings`` (the whole Settings: env budgets, sandbox limits, ODT weights) default to
-    the built-in defaults; ``schema_texts(db_id, db_path)`` gives the prompts' schema text (default: a
-    shared ``SchemaTexts`` of ``env.prompt_style`` reading the SQLite files).
+    ``settings``: the task module's sections (``TaskSettings``, or the pipeline's Settings,
+    which holds them: env budgets, sandbox limits, ODT weights), default the built-in ones;
+    ``fmt``: the output format, one of the class's ``formats`` (default the first);
+    ``schema_texts(db_id, db_path)`` gives the prompts' schema text (default: a shared
+    ``SchemaTexts`` of ``env.prompt_style`` reading the SQLite files).
+
+    Class attributes a subclass sets: ``name`` (its registry name), ``formats`` (the output
+    formats its prompts and parsing speak) and ``reads_gold`` (its feedback reads the gold
+    query, so it cannot run at test time).
     """
 
     name: ClassVar[str]
-    fmt: FormatName
+    formats: ClassVar[tuple[FormatName, ...]]
+    reads_gold: ClassVar[bool] = False
+    semantics: Semantics = "spider"  # what "correct" means (sql.verdict), as in the evaluation
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: TaskSettings | None = None,
         *,
+        fmt: FormatName | None = None,
         schema_texts: Callable[[str, str | os.PathLike], str] | None = None,
     ) -> None:
-        self.settings = settings if settings is not None else default_settings()
+        fmt = fmt or self.formats[0]
+        if fmt not in self.formats:
+            raise ValueError(f"{self.name}: format must be one of {', '.join(self.formats)}, got {fmt!r}")
+        self.fmt: FormatName = fmt
+        self.settings = settings if settings is not None else default_task_settings()
         self.schema_texts = schema_texts if schema_texts is not None else _default_schema_texts(
             self.settings.env.prompt_style)
         self._episode: Episode | None = None
-        self._order_matters = False
 
     @property
     def max_turns(self) -> int:
@@ -221,8 +240,10 @@ class Env:
     ) -> list[Message]:
         """Start an episode for ``example`` on ``db_path``; return the round-1 conversation.
 
-        ``gold_result`` is the gold's execution (default: the process-wide gold cache);
-        ``db_details`` the schema text (default: ``schema_texts``).
+        ``gold_result`` is the gold's raw execution, the episode's record (default: the
+        process-wide gold cache); turns are judged against the gold's comparison view, read
+        from the process-wide gold cache. ``db_details`` is the schema text (default:
+        ``schema_texts``).
         """
         path = Path(db_path)
         if not path.is_file():
@@ -232,7 +253,6 @@ class Env:
             gold_result = cached_gold_result(path, example.gold_sql, sandbox.timeout_s, sandbox.max_rows)
         if db_details is None:
             db_details = self.schema_texts(example.db_id, path)
-        self._order_matters = _cached_order_matters(example.gold_sql)
         self._episode = Episode(
             env=self.name,
             example=example,
@@ -256,7 +276,8 @@ class Env:
             raise RuntimeError(f"{self.name}: the episode is over ({ep.done_reason}); call reset()")
         if not isinstance(text, str):
             raise TypeError(f"{self.name}: step() takes the output text, got {type(text).__name__}")
-        turn = make_turn(text, self.fmt, ep.db_path, ep.gold, self._order_matters, self.settings)
+        turn = make_turn(text, self.fmt, ep.db_path, ep.example.gold_sql, self.settings.sandbox,
+                         semantics=self.semantics)
         ep.turns.append(turn)
         ep.tags.append(())
         ep.messages.append({"role": "assistant", "content": text})

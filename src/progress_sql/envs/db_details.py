@@ -13,9 +13,9 @@ import os
 import threading
 from pathlib import Path
 
-from progress_sql.config import default_settings
-from progress_sql.data.records import CorpusError, CorpusLayout
-from progress_sql.data.schema import DatabaseSchema, parse_ddl, read_tables_json, render_compact, render_ddl
+from progress_sql.envs.settings import default_task_settings
+from progress_sql.corpus.records import CorpusError, CorpusLayout
+from progress_sql.corpus.schema import DatabaseSchema, parse_ddl, read_tables_json, render_compact, render_ddl
 from progress_sql.sql import execute
 
 # sqlite_master in creation order; SQLite's own objects (sqlite_sequence, ...) and the
@@ -50,7 +50,7 @@ class SchemaTexts:
     """
 
     def __init__(self, tables_json: str | os.PathLike | None = None, prompt_style: str | None = None) -> None:
-        prompt_style = prompt_style or default_settings().env.prompt_style
+        prompt_style = prompt_style or default_task_settings().env.prompt_style
         if prompt_style not in ("paper", "compact"):
             raise ValueError(f"unknown prompt style {prompt_style!r}: paper | compact")
         self.prompt_style = prompt_style

@@ -17,10 +17,10 @@ rows and at most ``observation_max_chars`` characters, and says when it was cut.
 
 from __future__ import annotations
 
-from progress_sql.config import EnvSettings
+from progress_sql.envs.settings import EnvSettings
 from progress_sql.envs.base import Env, StepResult
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT
-from progress_sql.rewards.formats import parse_output
+from progress_sql.formats import parse_output
 from progress_sql.sql.result import ExecResult
 
 
@@ -70,7 +70,7 @@ def observation(content: str, turns_left: int) -> str:
 
 class ExecFeedbackEnv(Env):
     name = "exec_feedback"
-    fmt = "trail"
+    formats = ("trail",)
 
     @property
     def max_turns(self) -> int:

@@ -12,7 +12,7 @@ cases have no clause-level diagnosis:
 - the output holds no SQL, or its SQL does not parse (tag PARSE_ERROR): the generic fallback
   message (Appendix F's note; ``odt.FALLBACK_FEEDBACK``);
 - the structure matches the gold's exactly (no tags) but the execution did not: the
-  VALUE_MISMATCH message (DEFAULTS.md, "ODT": literals are placeholders to the tree).
+  VALUE_MISMATCH message (docs/design.md, "ODT feedback text": literals are placeholders to the tree).
 
 The tags of every wrong turn are recorded, the final one's too (for analysis: it gets no
 feedback, as Algorithm 1 has none after turn T).
@@ -27,7 +27,8 @@ from progress_sql.odt.feedback import DB_ENGINE
 
 class ODTFeedbackEnv(Env):
     name = "odt_feedback"
-    fmt = "think_sql"
+    formats = ("think_sql",)
+    reads_gold = True  # the feedback diagnoses the turn against the gold query
 
     @property
     def max_turns(self) -> int:

@@ -22,10 +22,10 @@ round-1 user prompt is the same for every format (schema, optional evidence, que
 
 from __future__ import annotations
 
-from progress_sql.config import EnvSettings, default_settings
-from progress_sql.data.records import Example
+from progress_sql.envs.settings import EnvSettings, default_task_settings
+from progress_sql.corpus.records import Example
 from progress_sql.odt.feedback import DB_ENGINE
-from progress_sql.rewards.formats import FORMATS, FormatName
+from progress_sql.formats import FormatName, answer_tags
 
 Message = dict[str, str]
 
@@ -103,20 +103,18 @@ FINAL_ANSWER = (
     "<solution>...</solution>."
 )
 
-_TAGS: dict[str, tuple[str, str]] = {"think_sql": ("think", "sql"), "reasoning_answer": ("reasoning", "answer")}
-
-
 def system_prompt(fmt: FormatName, env: EnvSettings | None = None, db_engine: str = DB_ENGINE) -> str:
     """The system prompt for outputs in format ``fmt``; ``env`` gives the prompt style and the
     tool budget (trail)."""
-    env = env or default_settings().env
+    env = env or default_task_settings().env
     compact = env.prompt_style == "compact"
     if fmt == "trail":
         template = _COMPACT_TRAIL_SYSTEM if compact else _TRAIL_SYSTEM
         return template.format(db_engine=db_engine, max_turns=env.trail_max_turns, max_rows=env.observation_max_rows)
-    if fmt not in _TAGS:
-        raise ValueError(f"unknown output format {fmt!r}; known: {', '.join(FORMATS)}")
-    reason, answer = _TAGS[fmt]
+    try:
+        reason, answer = answer_tags(fmt)
+    except KeyError as err:
+        raise ValueError(err.args[0]) from None
     return (_COMPACT_SYSTEM if compact else _SINGLE_TURN_SYSTEM).format(db_engine=db_engine, reason=reason,
                                                                          answer=answer)
 

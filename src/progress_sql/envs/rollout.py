@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Callable, Sequence
 
-from progress_sql.data.records import Example
+from progress_sql.corpus.records import Example
 from progress_sql.envs.base import Env, Episode, Policy, output_text
 from progress_sql.sql import GoldCache
 from progress_sql.sql.pool import default_gold_cache

@@ -7,22 +7,13 @@ baseline) or ``reasoning_answer`` (Reasoning-SQL), e.g. ``SingleTurnEnv(fmt=rewa
 
 from __future__ import annotations
 
-from typing import Any
-
 from progress_sql.envs.base import Env, StepResult
-from progress_sql.rewards.formats import FormatName
-
-_FORMATS: tuple[FormatName, ...] = ("think_sql", "reasoning_answer")
+from progress_sql.formats import SINGLE_ANSWER_FORMATS
 
 
 class SingleTurnEnv(Env):
     name = "single_turn"
-
-    def __init__(self, settings=None, *, fmt: FormatName = "think_sql", **kwargs: Any) -> None:
-        if fmt not in _FORMATS:
-            raise ValueError(f"single_turn: format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
-        super().__init__(settings, **kwargs)
-        self.fmt = fmt
+    formats = SINGLE_ANSWER_FORMATS
 
     @property
     def max_turns(self) -> int:

@@ -4,17 +4,18 @@
 >>> result = run_eval(settings, "outputs/rl", "data/corpus", ["dev"], "reports/eval")  # doctest: +SKIP
 >>> result.flat["dev/greedy/ex"], result.files["metrics"]                            # doctest: +SKIP
 
-Modules: ``runner`` (``run_eval``), ``policies`` (model and oracle generators), ``scoring``
-(batched EX / TS), ``voting`` (Vote@k, pass@k), ``metrics`` (aggregation), ``analysis`` (the
-paper's Table 8), ``reports`` (JSON, Markdown, CSV, MLflow), ``plots`` (PNG), ``compare`` (two
-runs paired by example: gained, lost, McNemar p). torch is imported only when a model (not the
-oracle) is evaluated.
+Modules: ``runner`` (``run_eval``), ``generators`` (what is evaluated: a model or the
+oracle), ``scoring`` (batched EX / TS), ``voting`` (Vote@k, pass@k), ``metrics``
+(aggregation), ``analysis`` (the paper's Table 8), ``reports`` (Markdown and CSV tables),
+``plots`` (PNG), ``compare`` (two runs paired by example: gained, lost, McNemar p). torch is
+imported only when a model (not the oracle) is evaluated; nothing here logs to MLflow
+(``tracking.log_eval`` does, above this package).
 """
 
 from __future__ import annotations
 
-from progress_sql.eval.policies import ORACLE, OracleGenerator
-from progress_sql.eval.runner import SMOLLM2, EvalResult, run_eval
+from progress_sql.eval.generators import ORACLE, OracleGenerator
+from progress_sql.eval.runner import EvalResult, run_eval
 from progress_sql.eval.voting import VoteOutcome, pass_at_k, vote
 
-__all__ = ["ORACLE", "SMOLLM2", "EvalResult", "OracleGenerator", "VoteOutcome", "pass_at_k", "run_eval", "vote"]
+__all__ = ["ORACLE", "EvalResult", "OracleGenerator", "VoteOutcome", "pass_at_k", "run_eval", "vote"]

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from progress_sql.data.records import CorpusError, read_text
+from progress_sql.corpus.records import CorpusError, read_text
 
 MODES = ("greedy", "vote", "multi_turn")
 

@@ -97,14 +97,15 @@ def pass_metrics(scores: Sequence[float], hardness: Sequence[str]) -> dict[str, 
     return {"n": len(scores), "ex": mean(scores), "by_hardness": by_level}
 
 
-def flatten(tree: dict[str, Any], sep: str = "/", prefix: str = "") -> dict[str, float]:
+def flat_metrics(tree: dict[str, Any], sep: str = "/", prefix: str = "") -> dict[str, float]:
     """Numeric leaves of a nested metrics dict under joined keys (``dev/greedy/ex``); None,
-    strings and booleans are left out (MLflow and registry gates take numbers)."""
+    strings and booleans are left out (the gate, the registry and tracking take numbers).
+    Not ``tracking.flat_params``, which turns settings into strings."""
     flat: dict[str, float] = {}
     for key, value in tree.items():
         name = f"{prefix}{sep}{key}" if prefix else str(key)
         if isinstance(value, dict):
-            flat.update(flatten(value, sep, name))
+            flat.update(flat_metrics(value, sep, name))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             flat[name] = float(value)
     return flat

@@ -1,5 +1,5 @@
-"""Evaluation reports: metrics JSON, Markdown tables shaped like the paper's, CSV rows for
-``dvc plots``, and logging to an active MLflow run.
+"""Evaluation reports: Markdown tables shaped like the paper's and the rows of the CSV files
+for ``dvc plots`` (written by ``progress_sql.files``; MLflow logging is ``tracking``'s).
 
 Tables (progress-sql.md; the paper's numbers did not survive in our copy, its shapes did):
 
@@ -17,48 +17,16 @@ plus pass@k and the multi-turn protocol. Rates are printed as percentages with o
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import os
-import re
-import sys
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from progress_sql.config import EvalSettings
-from progress_sql.data.records import SPLITS, VARIANTS
+from progress_sql.corpus.records import SPLITS, VARIANTS
 from progress_sql.sql.hardness import HARDNESS_LEVELS
 
 HARDNESS_COLUMNS = ("group", "split", "decoding", "hardness", "n", "ex", "ts")
 ROBUSTNESS_COLUMNS = ("group", "split", "decoding", "ex", "ts")
 _SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "syn": "Syn", "realistic": "Realistic", "dk": "DK"}
 _NOT_MODES = ("odt_mismatch",)
-_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")
-
-
-# ----------------------------------------------------------------------------- files
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Pretty JSON (strict: no NaN) written atomically."""
-    write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
-
-
-def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
-    """CSV with a header; None becomes an empty cell."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: ("" if row.get(c) is None else row.get(c)) for c in columns})
-    write_text(path, buf.getvalue())
 
 
 # ----------------------------------------------------------------------------- naming
@@ -233,21 +201,3 @@ def robustness_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
         for split, m in metrics.items() for mode in decoding_modes(m)
     ]
 
-
-# ----------------------------------------------------------------------------- MLflow
-def mlflow_key(name: str) -> str:
-    """``name`` with the characters MLflow refuses in metric names replaced by '_'."""
-    return _MLFLOW_BAD.sub("_", name)
-
-
-def log_to_mlflow(flat: dict[str, float], files: Iterable[Path], artifact_path: str = "eval") -> bool:
-    """Log ``flat`` metrics and ``files`` to the active MLflow run; False (and nothing done)
-    when no run is active. A run can only be active when the caller imported mlflow, so
-    mlflow (seconds to import) is never imported here."""
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is None or mlflow.active_run() is None:
-        return False
-    mlflow.log_metrics({mlflow_key(k): v for k, v in flat.items()})
-    for path in files:
-        mlflow.log_artifact(str(path), artifact_path=artifact_path)
-    return True

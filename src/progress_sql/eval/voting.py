@@ -4,16 +4,18 @@ Vote@k (self-consistency, as OmniSQL's ``major_voting``): the k candidates of on
 grouped into classes of equivalent execution results; the largest class wins and its first
 candidate is the answer. Our rules, and how they relate to OmniSQL's:
 
-- Equivalence: two results are equal when ``rows_equivalent`` holds with the gold's
-  ``order_matters``, i.e. exactly when EX would judge one against the other (same rows up to a
-  column permutation, as bags, or as lists when the gold is ordered). OmniSQL keys a dict on
+- Equivalence: the results are the candidates' comparison-view executions
+  (``Verdict.compared``), and two are equal when ``sql.verdict.same_answer`` holds with the
+  gold's ``order_matters``, i.e. exactly when the verdict (EX, and the rewards) would judge one
+  against the other: under Spider semantics, same rows up to a column permutation, as bags, or
+  as lists when the gold is ordered, DISTINCT ignored. OmniSQL keys a dict on
   ``frozenset(rows)`` instead, which merges results that differ only in duplicate rows and
   separates results that differ only in column order; ours groups what the metric cannot tell
   apart. The relation is an equivalence (a column permutation composes), so comparing each
   candidate with the first member of each class is exact.
-- Invalid candidates (no SQL extracted, an execution error, or a result cut at
-  ``sandbox.max_rows``, which cannot be compared) never vote. An empty result is a valid answer
-  and votes like any other, as in OmniSQL.
+- Invalid candidates (no SQL extracted, an execution error of the comparison view, or a result
+  cut at ``sandbox.max_rows``, which cannot be compared) never vote. An empty result is a valid
+  answer and votes like any other, as in OmniSQL.
 - Ties between classes of equal size go to the class whose first member came first; the answer
   is that first member. OmniSQL's ``max`` over an insertion-ordered dict does the same.
 - All candidates invalid: OmniSQL returns ``random.choice`` of them (seeded); we return the
@@ -30,8 +32,8 @@ from dataclasses import dataclass
 from math import comb
 from typing import Sequence
 
-from progress_sql.sql.equivalence import rows_equivalent
 from progress_sql.sql.result import ExecResult
+from progress_sql.sql.verdict import Semantics, same_answer
 
 
 @dataclass(frozen=True)
@@ -55,24 +57,20 @@ def is_valid(result: ExecResult | None) -> bool:
     return result is not None and result.ok and not result.truncated
 
 
-def _signature(rows: tuple[tuple, ...]) -> tuple[int, int]:
-    # Cheap necessary condition for equivalence: row count and width.
-    return len(rows), (len(rows[0]) if rows else 0)
-
-
-def equivalence_classes(results: Sequence[ExecResult | None], order_matters: bool) -> list[list[int]]:
-    """Indices of the valid ``results`` grouped by equivalent rows, classes and members in
+def equivalence_classes(
+    results: Sequence[ExecResult | None], order_matters: bool, semantics: Semantics = "spider"
+) -> list[list[int]]:
+    """Indices of the valid ``results`` grouped by ``same_answer``, classes and members in
     order of first appearance."""
     classes: list[list[int]] = []
     for i, result in enumerate(results):
         if not is_valid(result):
             continue
         assert result is not None
-        sig = _signature(result.rows)
         for members in classes:
             rep = results[members[0]]
             assert rep is not None
-            if _signature(rep.rows) == sig and rows_equivalent(result.rows, rep.rows, order_matters):
+            if same_answer(result, rep, order_matters, semantics):
                 members.append(i)
                 break
         else:
@@ -80,15 +78,16 @@ def equivalence_classes(results: Sequence[ExecResult | None], order_matters: boo
     return classes
 
 
-def vote(results: Sequence[ExecResult | None], order_matters: bool) -> VoteOutcome:
+def vote(results: Sequence[ExecResult | None], order_matters: bool, semantics: Semantics = "spider") -> VoteOutcome:
     """Majority vote over the execution results of one question's candidates.
 
-    ``results[i]`` is candidate i's execution (None when it had no SQL); ``order_matters`` is
-    the gold's (``progress_sql.sql.order_matters``). Raises ValueError for no candidates.
+    ``results[i]`` is candidate i's comparison-view execution (``Verdict.compared``; None when
+    it had no SQL); ``order_matters`` is the gold's (``sql.verdict.gold_order_matters``).
+    Raises ValueError for no candidates.
     """
     if not results:
         raise ValueError("vote needs at least one candidate")
-    classes = equivalence_classes(results, order_matters)
+    classes = equivalence_classes(results, order_matters, semantics)
     if not classes:
         return VoteOutcome(winner=0, classes=(), votes=0, valid=0)
     best = max(classes, key=len)  # max keeps the first of equal sizes: earliest class wins

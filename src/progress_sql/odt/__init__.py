@@ -1,5 +1,5 @@
 """Oracle-guided Diagnostic Tree (progress-sql.md, Appendix D; project choices in
-DEFAULTS.md): structural score F_struct, diagnostic tags and verbalised feedback.
+docs/design.md): structural score F_struct, diagnostic tags and verbalised feedback.
 
 Framework-free (sqlglot only): importable from any trainer or environment.
 """

@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
-from progress_sql.config import ODTSettings, default_settings
+from progress_sql.odt.settings import ODTSettings, default_odt
 from progress_sql.odt.normalize import normalize_text
 from progress_sql.odt.profile import Node, try_build_tree
 
@@ -64,7 +64,7 @@ def gold_profile(gold_sql: str, settings: ODTSettings | None = None) -> Node | N
     None when the gold does not parse or is not a query. Never raises."""
     if not isinstance(gold_sql, str):
         return None
-    size = (settings or default_settings().odt).profile_cache_size
+    size = (settings or default_odt()).profile_cache_size
     return _GOLD.get(gold_sql, size)
 
 

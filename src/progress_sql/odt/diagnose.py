@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from progress_sql.config import ODTSettings, default_settings
+from progress_sql.odt.settings import ODTSettings, default_odt
 from progress_sql.odt.cache import gold_profile
 from progress_sql.odt.feedback import feedback_text
 from progress_sql.odt.profile import try_build_tree
@@ -38,7 +38,7 @@ def diagnose(pred_sql: str, gold_sql: str, settings: ODTSettings | None = None) 
     """Compare ``pred_sql`` with ``gold_sql``: score, tags and feedback. Any input is
     accepted; a prediction that is not one parseable query gives PARSE_ERROR, a gold that is
     not gives GOLD_UNAVAILABLE, both with score 0.0."""
-    settings = settings or default_settings().odt
+    settings = settings or default_odt()
     pred = try_build_tree(pred_sql)
     gold = gold_profile(gold_sql, settings)
     if pred is None:

@@ -23,7 +23,7 @@ INTERSECT of the same operands scores 2/3, and a SELECT that is the first operan
 
 from __future__ import annotations
 
-from progress_sql.config import ODTSettings
+from progress_sql.odt.settings import ODTSettings
 from progress_sql.odt.profile import CTE, SELECT, SET_OP, SUBQUERY, Node, SelectProfile
 from progress_sql.odt.tags import select_tags
 from progress_sql.sql.parse import jaccard

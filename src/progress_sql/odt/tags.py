@@ -1,4 +1,4 @@
-"""Diagnostic tags (DEFAULTS.md, "Tags") and the rule that emits them from feature similarities.
+"""Diagnostic tags (docs/design.md, "ODT tags and thresholds") and the rule that emits them from feature similarities.
 
 A tag is emitted when its feature similarity falls below its threshold
 (``settings.odt.thresholds``). For the clause sets (WHERE, GROUP BY, HAVING, ORDER BY) the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from progress_sql.config import ODTThresholds
+from progress_sql.odt.settings import ODTThresholds
 
 PARSE_ERROR = "PARSE_ERROR"
 VALUE_MISMATCH = "VALUE_MISMATCH"

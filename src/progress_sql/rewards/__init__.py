@@ -12,28 +12,11 @@ access, no torch, no MLflow; build turns for real with :func:`make_turn`.
 
 from __future__ import annotations
 
-from progress_sql.rewards import oneshot, progress, reasoning_sql, skyrl, sql_trail
-from progress_sql.rewards.formats import FORMATS, ParsedOutput, parse_output
+from progress_sql.formats import FORMATS, ParsedOutput, parse_output
 from progress_sql.rewards.judge import JudgeError, LocalJudge, OpenAIJudge, make_judge
+from progress_sql.rewards.registry import RewardSettings, get, names
 from progress_sql.rewards.scoring import make_turn
 from progress_sql.rewards.types import Judge, Recipe, RewardOutput, Trajectory, Turn
-
-_RECIPES: dict[str, Recipe] = {
-    module.RECIPE.name: module.RECIPE for module in (progress, oneshot, reasoning_sql, sql_trail, skyrl)
-}
-
-
-def names() -> tuple[str, ...]:
-    """The names of every registered recipe."""
-    return tuple(_RECIPES)
-
-
-def get(name: str) -> Recipe:
-    """The recipe called ``name``; KeyError naming the known recipes otherwise."""
-    try:
-        return _RECIPES[name]
-    except (KeyError, TypeError):
-        raise KeyError(f"unknown reward recipe {name!r}; known: {', '.join(_RECIPES)}") from None
 
 
 __all__ = [
@@ -45,6 +28,7 @@ __all__ = [
     "ParsedOutput",
     "Recipe",
     "RewardOutput",
+    "RewardSettings",
     "Trajectory",
     "Turn",
     "get",

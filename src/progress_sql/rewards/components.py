@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from progress_sql.rewards.formats import FormatName, parse_output
+from progress_sql.formats import FormatName, parse_output
 from progress_sql.rewards.types import Turn
 from progress_sql.sql.parse import SQLParseError, jaccard, ngram_jaccard, parse_one
 

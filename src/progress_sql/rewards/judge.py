@@ -16,9 +16,8 @@ import os
 import re
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import Any, Callable
 
-from progress_sql.config import ReasoningSQLRewardSettings, RewardSettings, Settings
 from progress_sql.rewards.types import Judge
 
 
@@ -129,17 +128,18 @@ class LocalJudge:
 
 
 def make_judge(
-    settings: Settings | RewardSettings | ReasoningSQLRewardSettings,
+    settings: Any,
     local: Callable[[str, str, str, str], float] | None = None,
 ) -> Judge | None:
-    """The judge the settings ask for; None when ``judge_backend`` is ``off``.
+    """The judge ``settings`` ask for (the ``reasoning_sql`` weights, the rewards section, or
+    settings that hold one); None when ``judge_backend`` is ``off``.
 
     ``openai`` reads the API key, if any, from the OPENAI_API_KEY environment variable;
     ``local`` needs the callable ``local``.
     """
-    if isinstance(settings, Settings):
+    if hasattr(settings, "rewards"):
         settings = settings.rewards
-    if isinstance(settings, RewardSettings):
+    if hasattr(settings, "reasoning_sql"):
         settings = settings.reasoning_sql
     backend = settings.judge_backend
     if backend == "off":

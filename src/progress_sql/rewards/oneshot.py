@@ -13,9 +13,19 @@ the two curves of the appendix's Figure 4 comparable. Scored on the final turn.
 
 from __future__ import annotations
 
-from progress_sql.config import RewardSettings
+from pydantic import Field
+
 from progress_sql.rewards.components import exec_match, executable, format_ok
 from progress_sql.rewards.types import Judge, Recipe, RecipeSettings, RewardOutput, Trajectory, reward_output
+from progress_sql.sections import Section
+
+
+# The recipe's weights (params.yaml ``rewards.oneshot``).
+class OneShotRewardSettings(Section):
+    correct: float = Field(2.0, ge=0.0)
+    executable: float = Field(0.5, ge=0.0)
+    format: float = Field(0.5, ge=0.0)
+
 
 NAME = "oneshot"
 FORMAT = "think_sql"
@@ -24,7 +34,7 @@ COMPONENTS = ("correct", "executable", "format")
 
 def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = None) -> RewardOutput:
     """2.0·1[correct] + 0.5·1[executable] + 0.5·1[well-formed] on the final turn (weights from settings)."""
-    w = cfg.rewards.oneshot
+    w = cfg.weights
     last = trajectory.last
     return reward_output(
         {
@@ -35,9 +45,8 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
     )
 
 
-def bounds(settings: RewardSettings) -> tuple[float, float]:
-    w = settings.oneshot
+def bounds(w: OneShotRewardSettings) -> tuple[float, float]:
     return 0.0, w.correct + w.executable + w.format
 
 
-RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds)
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, OneShotRewardSettings)

@@ -15,10 +15,26 @@ R(Y) = R_fmt + R_exec + R_late + R_align over the trajectory Y = (y_1, …, y_K)
 
 from __future__ import annotations
 
-from progress_sql.config import ODTSettings, ProgressRewardSettings, RewardSettings
+from pydantic import Field
+
 from progress_sql.odt import structural_score
+from progress_sql.odt.settings import ODTSettings
 from progress_sql.rewards.components import executable, format_ok, ngram_similarity
 from progress_sql.rewards.types import Judge, Recipe, RecipeSettings, RewardOutput, Trajectory, reward_output
+from progress_sql.sections import Section
+
+
+# The recipe's weights (params.yaml ``rewards.progress``).
+class ProgressRewardSettings(Section):
+    align_pos: float = Field(0.8, ge=0.0)
+    align_neg: float = Field(-0.1, le=0.0)
+    acc: float = Field(2.0, gt=0.0)
+    gamma: float = Field(0.5, gt=0.0, lt=1.0)
+    keep: float = Field(0.5, ge=0.0)
+    recover: float = Field(0.5, ge=0.0)
+    deteriorate: float = Field(-0.5, le=0.0)
+    format: float = Field(0.5, ge=0.0)
+
 
 NAME = "progress"
 FORMAT = "think_sql"
@@ -82,7 +98,7 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
         executable(first),
         executable(last),
         format_ok(last.text, FORMAT),
-        cfg.rewards.progress,
+        cfg.weights,
     )
     return reward_output(
         terms,
@@ -96,13 +112,12 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
     )
 
 
-def bounds(settings: RewardSettings) -> tuple[float, float]:
+def bounds(w: ProgressRewardSettings) -> tuple[float, float]:
     """Extremes over all trajectories: Δ ∈ [−1, 1], any k*, any executability transition."""
-    w = settings.progress
     status = (w.keep, w.recover, w.deteriorate, 0.0)
     low = min(w.align_neg, 0.0) + min(status)  # R_late and R_fmt are at least 0
     high = max(w.align_pos, w.align_neg) + w.acc + max(status) + w.format
     return low, high
 
 
-RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds)
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, ProgressRewardSettings)

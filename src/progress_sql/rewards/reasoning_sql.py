@@ -14,7 +14,10 @@ Single turn: the final turn is scored.
 
 from __future__ import annotations
 
-from progress_sql.config import RewardSettings
+from typing import Literal
+
+from pydantic import Field
+
 from progress_sql.rewards.components import (
     exec_match,
     executable,
@@ -24,6 +27,24 @@ from progress_sql.rewards.components import (
 )
 from progress_sql.rewards.judge import check_score
 from progress_sql.rewards.types import Judge, Recipe, RecipeSettings, RewardOutput, Trajectory, reward_output
+from progress_sql.sections import Section
+
+
+# The recipe's weights (params.yaml ``rewards.reasoning_sql``).
+class ReasoningSQLRewardSettings(Section):
+    exec: float = Field(3.0, ge=0.0)
+    judge: float = Field(2.0, ge=0.0)
+    syntax: float = Field(1.0, ge=0.0)
+    schema_linking: float = Field(1.0, ge=0.0)
+    ngram: float = Field(1.0, ge=0.0)
+    format: float = Field(1.0, ge=0.0)
+    ngram_n: int = Field(2, ge=1, le=8)
+    # "off": no judge; its weight is redistributed over the other components (and reported).
+    judge_backend: Literal["off", "openai", "local"] = "off"
+    judge_endpoint: str = ""
+    judge_model: str = ""
+    judge_timeout_s: float = Field(60.0, gt=0.0)  # one judge request, seconds
+
 
 NAME = "reasoning_sql"
 FORMAT = "reasoning_answer"
@@ -45,7 +66,7 @@ def _judge_score(trajectory: Trajectory, correct: bool, judge: Judge) -> tuple[f
 
 def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = None) -> RewardOutput:
     """Weighted partial rewards of the final turn; ``judge`` None redistributes its weight."""
-    w = cfg.rewards.reasoning_sql
+    w = cfg.weights
     last = trajectory.last
     correct = exec_match(last)
     raw = {
@@ -78,10 +99,9 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
     )
 
 
-def bounds(settings: RewardSettings) -> tuple[float, float]:
+def bounds(w: ReasoningSQLRewardSettings) -> tuple[float, float]:
     """[0, Σw]: the same with or without a judge (redistribution keeps the maximum)."""
-    w = settings.reasoning_sql
     return 0.0, sum(float(getattr(w, key)) for key in COMPONENTS)
 
 
-RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds)
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, ReasoningSQLRewardSettings)

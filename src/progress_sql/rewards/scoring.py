@@ -1,4 +1,5 @@
-"""Building turns for real: parse an output, execute its SQL in the sandbox, judge correctness.
+"""Building turns for real: parse an output, execute its SQL in the sandbox, judge correctness
+(with ``sql.verdict``, the decision the evaluation's EX makes too).
 
 This is the one place where the reward side touches a database; environments and evaluation
 call it, recipes never do.
@@ -8,35 +9,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from progress_sql.config import Settings
-from progress_sql.rewards.formats import FormatName, parse_output
+from progress_sql.formats import FormatName, parse_output
 from progress_sql.rewards.types import Turn
-from progress_sql.sql import execute, results_match
-from progress_sql.sql.result import ExecResult
+from progress_sql.sql import GoldCache, Semantics, verdict
+from progress_sql.sql.settings import SandboxSettings
 
 
 def make_turn(
     text: str,
     fmt: FormatName,
     db_path: str | Path,
-    gold_result: ExecResult | None,
-    order_matters: bool,
-    settings: Settings | None = None,
+    gold_sql: str,
+    sandbox: SandboxSettings | None = None,
+    *,
+    semantics: Semantics = "spider",
+    gold_cache: GoldCache | None = None,
 ) -> Turn:
-    """Parse ``text`` in format ``fmt``, execute its SQL read-only on ``db_path`` and compare
-    with ``gold_result`` (the gold's execution; order-sensitive when ``order_matters``).
+    """Parse ``text`` in format ``fmt`` and judge its SQL against ``gold_sql`` on ``db_path``
+    with ``sql.verdict``: the evaluation's EX decision, under ``semantics``, executed with the
+    ``sandbox`` limits (default the built-in ones).
 
-    A turn without extractable SQL is not executed (``result`` None, not correct). A gold that
-    failed to execute matches nothing. Never raises for any model text.
+    ``result`` is the raw execution of the SQL as written (executability and the environments'
+    feedback read it); ``correct`` compares comparison views (Spider: DISTINCT removed), the
+    gold's from ``gold_cache`` (default: the process-wide one), so the G rollouts of a question
+    execute their gold once. A turn without extractable SQL is not executed (``result`` None,
+    not correct). A gold that fails to execute matches nothing. Never raises for any model text.
     """
     parsed = parse_output(text, fmt)
     if parsed.sql is None:
         return Turn(text=text, sql=None, result=None, correct=False)
-    result = execute(db_path, parsed.sql, settings=settings.sandbox if settings is not None else None)
-    correct = (
-        result.ok
-        and gold_result is not None
-        and gold_result.ok
-        and results_match(result, gold_result, order_matters)
-    )
-    return Turn(text=text, sql=parsed.sql, result=result, correct=bool(correct))
+    decided = verdict(db_path, parsed.sql, gold_sql, semantics=semantics, sandbox=sandbox, gold_cache=gold_cache)
+    return Turn(text=text, sql=parsed.sql, result=decided.result, correct=decided.correct)

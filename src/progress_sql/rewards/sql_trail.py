@@ -10,7 +10,7 @@ What survived in the paper, and our choices where it did not:
   r_bigram and r_syntax are 0.
 - r_turns (A.4): 1 when d = simple ∧ t ≤ 2, d = medium ∧ t ≤ 3, d ∈ {hard, extra} ∧ r_exec = 1
   ∧ t ≤ (lost; ours 5); else 0. Limits come from ``turn_limits``. Correctness is required only
-  for hard/extra, as the paper writes (and DEFAULTS.md repeats); a final answer is required
+  for hard/extra, as the paper writes (docs/design.md, "SQL-Trail reward"); a final answer is required
   for every level ("favors solving within a small number of steps"). t counts the tool-call
   turns before the final answer, which is the turn counter of the paper's Algorithm 1 (it is
   not advanced by the turn that emits ``<solution>``).
@@ -27,12 +27,33 @@ What survived in the paper, and our choices where it did not:
 
 from __future__ import annotations
 
-from progress_sql.config import RewardSettings
+from pydantic import Field
+
 from progress_sql.rewards.components import exec_match, executable, ngram_similarity, schema_linking
-from progress_sql.rewards.formats import parse_output
+from progress_sql.formats import parse_output
 from progress_sql.rewards.types import Judge, Recipe, RecipeSettings, RewardOutput, Trajectory, reward_output
 from progress_sql.sql import HARDNESS_LEVELS, hardness
 from progress_sql.sql.parse import SQLParseError
+from progress_sql.sections import Section
+
+
+# The recipe's weights (params.yaml ``rewards.sql_trail``).
+class SQLTrailTurnLimits(Section):
+    easy: int = Field(2, ge=1)
+    medium: int = Field(3, ge=1)
+    hard: int = Field(5, ge=1)
+    extra: int = Field(5, ge=1)
+
+
+class SQLTrailRewardSettings(Section):
+    exec: float = Field(5.0, ge=0.0)
+    turns: float = Field(2.0, ge=0.0)
+    schema_linking: float = Field(1.0, ge=0.0)
+    bigram: float = Field(1.0, ge=0.0)
+    syntax: float = Field(1.0, ge=0.0)
+    format: float = Field(1.0, ge=0.0)
+    turn_limits: SQLTrailTurnLimits = SQLTrailTurnLimits()
+
 
 NAME = "sql_trail"
 FORMAT = "trail"
@@ -63,16 +84,16 @@ def tool_calls(trajectory: Trajectory) -> int:
     return _calls(len(trajectory.turns), parse_output(trajectory.last.text, FORMAT).kind == "solution")
 
 
-def turn_reward(level: str, t: int, correct: bool, answered: bool, settings: RewardSettings) -> float:
+def turn_reward(level: str, t: int, correct: bool, answered: bool, w: SQLTrailRewardSettings) -> float:
     """r_turns of Appendix A.4 (see the module docstring)."""
-    if not answered or t > getattr(settings.sql_trail.turn_limits, level):
+    if not answered or t > getattr(w.turn_limits, level):
         return 0.0
     return 0.0 if level in _NEEDS_CORRECT and not correct else 1.0
 
 
 def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = None) -> RewardOutput:
     """The six-term panel of one multi-turn trajectory (``judge`` is unused)."""
-    w = cfg.rewards.sql_trail
+    w = cfg.weights
     parsed = [parse_output(turn.text, FORMAT) for turn in trajectory.turns]
     last = trajectory.last
     answered = parsed[-1].kind == "solution"
@@ -87,7 +108,7 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
     )
     raw = {
         "exec": float(correct),
-        "turns": turn_reward(level, t, correct, answered, cfg.rewards),
+        "turns": turn_reward(level, t, correct, answered, w),
         "schema_linking": schema_linking(final_sql, trajectory.gold_sql),
         "bigram": ngram_similarity(final_sql, trajectory.gold_sql, BIGRAM_N),
         "syntax": float(answered and executable(last)),
@@ -109,9 +130,8 @@ def score(trajectory: Trajectory, cfg: RecipeSettings, judge: Judge | None = Non
     )
 
 
-def bounds(settings: RewardSettings) -> tuple[float, float]:
-    w = settings.sql_trail
+def bounds(w: SQLTrailRewardSettings) -> tuple[float, float]:
     return 0.0, sum(float(getattr(w, key)) for key in COMPONENTS)
 
 
-RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds)
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, SQLTrailRewardSettings)

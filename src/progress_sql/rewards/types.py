@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from progress_sql.config import ODTSettings, RewardSettings, Settings, default_settings
-from progress_sql.rewards.formats import FormatName
+from progress_sql.formats import FormatName
 from progress_sql.sql.result import ExecResult
+
+if TYPE_CHECKING:
+    from progress_sql.odt.settings import ODTSettings
+    from progress_sql.sections import Section
 
 
 @dataclass(frozen=True)
@@ -82,26 +86,15 @@ class Judge(Protocol):
 
 @dataclass(frozen=True)
 class RecipeSettings:
-    """What a recipe's score function receives: reward weights, and ODT settings for F_struct."""
+    """What a recipe's score function receives: its own weights, and ODT settings for F_struct
+    (None: the ODT defaults)."""
 
-    rewards: RewardSettings
-    odt: ODTSettings | None = None
-
-
-def resolve_settings(settings: Settings | RewardSettings | None) -> RecipeSettings:
-    """Accept the whole Settings (its ODT section then drives F_struct), the rewards section
-    alone (ODT defaults) or None (the built-in defaults)."""
-    if settings is None:
-        settings = default_settings()
-    if isinstance(settings, Settings):
-        return RecipeSettings(settings.rewards, settings.odt)
-    if isinstance(settings, RewardSettings):
-        return RecipeSettings(settings, None)
-    raise TypeError(f"settings must be Settings or RewardSettings, got {type(settings).__name__}")
+    weights: Any
+    odt: "ODTSettings | None" = None
 
 
 ScoreFn = Callable[[Trajectory, RecipeSettings, "Judge | None"], RewardOutput]
-BoundFn = Callable[[RewardSettings], tuple[float, float]]
+BoundFn = Callable[[Any], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -109,7 +102,12 @@ class Recipe:
     """A reward recipe looked up by name: ``recipe(trajectory, settings, judge=...)``.
 
     ``fmt`` is the output format its model outputs must follow; ``components`` the fixed keys
-    of every output's ``components``.
+    of every output's ``components``; ``weights`` the class of its section of params.yaml
+    ``rewards`` (named as the recipe).
+
+    ``settings`` may be the recipe's own weights, the rewards section, settings that hold a
+    rewards section (the task's or the pipeline's; their ODT section then drives F_struct),
+    or None (the built-in weights).
     """
 
     name: str
@@ -117,28 +115,42 @@ class Recipe:
     components: tuple[str, ...]
     score_fn: ScoreFn = field(repr=False)
     bounds_fn: BoundFn = field(repr=False)
+    weights: "type[Section]" = field(repr=False)
 
-    def __call__(
-        self,
-        trajectory: Trajectory,
-        settings: Settings | RewardSettings | None = None,
-        *,
-        judge: Judge | None = None,
-    ) -> RewardOutput:
-        out = self.score_fn(trajectory, resolve_settings(settings), judge)
+    def settings_of(self, settings: Any) -> RecipeSettings:
+        """The weights and ODT settings this recipe reads from ``settings`` (see the class notes)."""
+        if settings is None:
+            return RecipeSettings(_default_weights(self.weights), None)
+        if isinstance(settings, self.weights):
+            return RecipeSettings(settings, None)
+        if isinstance(getattr(settings, self.name, None), self.weights):  # the rewards section
+            return RecipeSettings(getattr(settings, self.name), None)
+        section = getattr(settings, "rewards", None)
+        if isinstance(getattr(section, self.name, None), self.weights):
+            return RecipeSettings(getattr(section, self.name), getattr(settings, "odt", None))
+        raise TypeError(f"{self.name}: settings must be its weights, the rewards section or hold one, "
+                        f"got {type(settings).__name__}")
+
+    def __call__(self, trajectory: Trajectory, settings: Any = None, *, judge: Judge | None = None) -> RewardOutput:
+        out = self.score_fn(trajectory, self.settings_of(settings), judge)
         if tuple(out.components) != self.components:  # a recipe bug, never bad input
             raise RuntimeError(f"{self.name}: components {tuple(out.components)} != {self.components}")
         return out
 
-    def bounds(self, settings: Settings | RewardSettings | None = None) -> tuple[float, float]:
+    def bounds(self, settings: Any = None) -> tuple[float, float]:
         """(min_reward, max_reward) over every possible trajectory."""
-        return self.bounds_fn(resolve_settings(settings).rewards)
+        return self.bounds_fn(self.settings_of(settings).weights)
 
-    def min_reward(self, settings: Settings | RewardSettings | None = None) -> float:
+    def min_reward(self, settings: Any = None) -> float:
         return self.bounds(settings)[0]
 
-    def max_reward(self, settings: Settings | RewardSettings | None = None) -> float:
+    def max_reward(self, settings: Any = None) -> float:
         return self.bounds(settings)[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _default_weights(weights: type) -> Any:
+    return weights()
 
 
 def reward_output(components: dict[str, float], **info: Any) -> RewardOutput:

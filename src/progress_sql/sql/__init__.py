@@ -1,4 +1,5 @@
-"""SQL parsing, sandboxed execution, result equivalence (EX/TS) and Spider hardness."""
+"""SQL parsing, sandboxed execution, result equivalence (EX/TS), the verdict of "correct" and
+Spider hardness."""
 
 from progress_sql.sql.equivalence import (
     execution_match,
@@ -13,6 +14,7 @@ from progress_sql.sql.parse import SQLParseError, jaccard, ngram_jaccard, parse_
 from progress_sql.sql.pool import GoldCache, SQLPool, gold_result
 from progress_sql.sql.result import ERROR_KINDS, ExecResult
 from progress_sql.sql.sandbox import execute
+from progress_sql.sql.verdict import Semantics, Verdict, verdict
 
 __all__ = [
     "ERROR_KINDS",
@@ -21,6 +23,8 @@ __all__ = [
     "HARDNESS_LEVELS",
     "SQLParseError",
     "SQLPool",
+    "Semantics",
+    "Verdict",
     "execute",
     "execution_match",
     "gold_result",
@@ -34,4 +38,5 @@ __all__ = [
     "sql_tokens",
     "strip_distinct",
     "test_suite_match",
+    "verdict",
 ]

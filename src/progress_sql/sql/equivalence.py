@@ -12,6 +12,10 @@ with its defaults (``keep_distinct=False``, ``plug_value=False``). As there:
 - values compare with Python ``==`` on what SQLite returns: ``1 == 1.0``, NULL equals NULL,
   floats exactly (no tolerance), text is case-sensitive, ``'1' != 1``, text ``!=`` blob.
 
+These are the primitives of the ``"spider"`` semantics of ``progress_sql.sql.verdict``, the one
+decision of "correct" that rewards, rollouts and the evaluation share; ``execution_match`` and
+``test_suite_match`` decide with its pieces.
+
 Divergences, on purpose:
 
 - Order: the reference tests ``'order by' in gold.lower()``, a substring test that also fires
@@ -211,20 +215,27 @@ def results_match(pred: ExecResult, gold: ExecResult, order_matters: bool) -> bo
 
 
 # ----------------------------------------------------------------------------- EX and TS
+# EX and TS decide with the pieces of ``sql.verdict`` (the rewards' verdict too), which is
+# built on this module's primitives: imported in the functions to keep the import acyclic.
 def _prepare(pred: str, gold: str, keep_distinct: bool) -> tuple[str, str, bool]:
-    pred, gold = spider_postprocess(pred), spider_postprocess(gold)
-    if not keep_distinct:
-        pred, gold = strip_distinct(pred), strip_distinct(gold)
-    return pred, gold, order_matters(gold)
+    if keep_distinct:  # the reference's keep_distinct=True: only the operator fix-up
+        gold = spider_postprocess(gold)
+        return spider_postprocess(pred), gold, order_matters(gold)
+    from progress_sql.sql.verdict import comparison_sql, gold_order_matters
+
+    return comparison_sql(pred), comparison_sql(gold), gold_order_matters(gold)
 
 
 def _match_on(
     db_path: str | os.PathLike, pred: str, gold: str, ordered: bool, timeout_s: float | None, cache: GoldCache
 ) -> bool:
+    """``pred`` and ``gold`` are comparison views already."""
+    from progress_sql.sql.verdict import same_answer
+
     gold_res = cache.get(db_path, gold, timeout_s)
     if not gold_res.ok:
         return False
-    return results_match(execute(db_path, pred, timeout_s), gold_res, ordered)
+    return same_answer(execute(db_path, pred, timeout_s), gold_res, ordered)
 
 
 def execution_match(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from progress_sql.config import SandboxSettings, default_settings
+from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.sandbox import execute
 
@@ -51,7 +51,7 @@ class SQLPool:
     """
 
     def __init__(self, workers: int | None = None, settings: SandboxSettings | None = None) -> None:
-        self._settings = settings if settings is not None else default_settings().sandbox
+        self._settings = settings if settings is not None else default_sandbox()
         self.workers = self._settings.workers if workers is None else int(workers)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers!r}")
@@ -111,7 +111,7 @@ class GoldCache:
     """
 
     def __init__(self, maxsize: int | None = None, settings: SandboxSettings | None = None) -> None:
-        self._settings = settings if settings is not None else default_settings().sandbox
+        self._settings = settings if settings is not None else default_sandbox()
         self.maxsize = self._settings.gold_cache_size if maxsize is None else int(maxsize)
         if self.maxsize < 0:
             raise ValueError(f"maxsize must be >= 0, got {maxsize!r}")

@@ -41,7 +41,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from progress_sql.config import SandboxSettings, default_settings
+from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.parse import DIALECT
 from progress_sql.sql.result import ErrorKind, ExecResult
 
@@ -288,13 +288,13 @@ def execute(
 ) -> ExecResult:
     """Run one read-only SELECT/WITH query; never raises.
 
-    ``timeout_s`` and ``max_rows`` default to ``settings`` (or ``default_settings().sandbox``).
+    ``timeout_s`` and ``max_rows`` default to ``settings`` (or ``default_sandbox()``).
     Values are returned as SQLite gives them (BLOBs stay ``bytes``); text that is not valid
     UTF-8 is decoded leniently, dropping the bad bytes, as the Spider evaluator does.
     """
     started = time.monotonic()
     try:
-        cfg = settings if settings is not None else default_settings().sandbox
+        cfg = settings if settings is not None else default_sandbox()
         timeout = cfg.timeout_s if timeout_s is None else float(timeout_s)
         limit = cfg.max_rows if max_rows is None else int(max_rows)
         if not timeout > 0:

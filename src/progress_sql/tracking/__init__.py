@@ -7,10 +7,11 @@
 >>> v = tracking.register_model("outputs/rl/final", settings=settings)   # doctest: +SKIP
 >>> tracking.promote_if_better(name, v, "dev/greedy/ex", 0.41, settings)  # doctest: +SKIP
 
-- ``mlflow_runs``: tracking URI, parent and nested runs, params, metrics, artifacts;
+- ``mlflow_runs``: tracking URI, parent and nested runs, params, metrics, artifacts, an
+  evaluation's metrics and files (``log_eval``);
 - ``registry``: log + register a policy, the champion gate, manual promotion, listing,
   resolving ``models:/name@alias`` to a local policy folder;
-- ``served_model``: the pyfunc every version is logged as, and ``ask``;
+- ``pyfunc``: the pyfunc every version is logged as (it answers with ``inference.ask``);
 - ``model_card``: the card logged with each version;
 - ``stage_reports``: the small JSON/CSV files the DVC stages declare as metrics and plots.
 
@@ -23,12 +24,14 @@ from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet en
     active_run_id,
     configure,
     data_version,
-    flatten,
+    flat_params,
     log_artifacts,
+    log_eval,
     log_metrics,
     log_params,
     log_pipeline_metrics,
     log_step_metrics,
+    mlflow_key,
     pipeline_run,
     settings_params,
     stage_run,
@@ -54,14 +57,16 @@ __all__ = [
     "active_run_id",
     "configure",
     "data_version",
-    "flatten",
+    "flat_params",
     "is_registry_uri",
     "local_model_dir",
     "log_artifacts",
+    "log_eval",
     "log_metrics",
     "log_params",
     "log_pipeline_metrics",
     "log_step_metrics",
+    "mlflow_key",
     "pipeline_run",
     "promote",
     "promote_if_better",

@@ -24,13 +24,16 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from progress_sql.config import Settings
-from progress_sql.eval.reports import mlflow_key
+
+if TYPE_CHECKING:  # a type only: importing the runner would pull in the whole eval stack
+    from progress_sql.eval.runner import EvalResult
 
 # Quiet and offline before mlflow is imported: no telemetry, no progress bars on downloads.
 for _key, _value in (("MLFLOW_DISABLE_TELEMETRY", "true"), ("DO_NOT_TRACK", "true"),
@@ -48,6 +51,7 @@ KEY_TAG = "progress_sql.pipeline_key"
 DATA_VERSION = "data_version"  # param on runs that saw a corpus (tag on a parent that learns it later)
 
 _configured: dict[str, str] = {}  # tracking URI → experiment id, per process
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")  # characters MLflow refuses in metric names
 
 
 class TrackingError(RuntimeError):
@@ -112,13 +116,14 @@ def configure(settings: Settings) -> str:
 
 
 # ----------------------------------------------------------------------------- params and keys
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": "1"}``: nested settings as MLflow params (lists as JSON)."""
+def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": "1"}``: nested settings as MLflow params, every leaf a
+    string (lists as JSON). Not ``eval.metrics.flat_metrics``, which keeps numbers only."""
     out: dict[str, str] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(flatten(value, dotted + "."))
+            out.update(flat_params(value, dotted + "."))
         elif isinstance(value, (list, tuple)):
             out[dotted] = json.dumps(list(value))
         else:
@@ -128,7 +133,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def settings_params(settings: Settings) -> dict[str, str]:
     """The flattened settings (params.yaml as loaded, overrides applied)."""
-    return flatten(settings.model_dump(mode="json"))
+    return flat_params(settings.model_dump(mode="json"))
 
 
 def data_version(corpus_dir: str | os.PathLike) -> str | None:
@@ -140,7 +145,14 @@ def data_version(corpus_dir: str | os.PathLike) -> str | None:
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
 
 
-def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+def mlflow_key(name: str) -> str:
+    """``name`` with the characters MLflow refuses in metric names replaced by '_'."""
+    return _MLFLOW_BAD.sub("_", name)
+
+
+def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The entries MLflow can log as metrics, under safe keys: numbers, booleans as 0/1;
+    infinities and every other value are dropped."""
     out = {}
     for key, value in metrics.items():
         if isinstance(value, bool):
@@ -255,7 +267,7 @@ def log_step_metrics(metrics: Mapping[str, Any], step: int) -> None:
     """Numeric entries of ``metrics`` at ``step`` on the active run (others are skipped)."""
     if mlflow.active_run() is None:
         return
-    values = _numeric(metrics)
+    values = _metric_values(metrics)
     if values:
         mlflow.log_metrics(values, step=int(step))
 
@@ -265,7 +277,7 @@ def log_metrics(metrics: Mapping[str, Any], *, to_parent: bool = True) -> None:
     pipeline runs expose the same keys and compare side by side in the experiment table."""
     if mlflow.active_run() is None:
         return
-    values = _numeric(metrics)
+    values = _metric_values(metrics)
     if values:
         mlflow.log_metrics(values)
     if to_parent:
@@ -278,7 +290,7 @@ def log_pipeline_metrics(metrics: Mapping[str, Any]) -> None:
     run = mlflow.active_run()
     if run is None or _parent_id(run) == run.info.run_id:
         return
-    values = _numeric(metrics)
+    values = _metric_values(metrics)
     if values:
         now = int(time.time() * 1000)
         MlflowClient().log_batch(_parent_id(run), metrics=[mlflow.entities.Metric(k, v, now, 0) for k, v in values.items()])
@@ -299,3 +311,17 @@ def log_artifacts(path: str | os.PathLike, artifact_path: str | None = None) -> 
         mlflow.log_artifacts(str(path), artifact_path=artifact_path)
     else:
         mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_eval(result: EvalResult, artifact_path: str = "eval") -> bool:
+    """An evaluation's flat metrics (``dev/greedy/ex``) on the active run and its pipeline
+    run, and its files (metrics.json, report.md, plots) under ``artifact_path``; False (and
+    nothing logged) without an active run. The predictions files stay out: one line per
+    example, they are large, and DVC keeps them."""
+    if mlflow.active_run() is None:
+        return False
+    log_metrics(result.flat)
+    for name, path in result.files.items():
+        if not name.startswith("predictions/"):
+            log_artifacts(path, artifact_path)
+    return True

@@ -4,7 +4,7 @@
 A version is a ``pyfunc`` model whose artifact ``hf_model`` is the policy's Hugging Face
 folder (weights, config, tokenizer, chat template) exactly as ``save_pretrained`` wrote it:
 it loads with ``train.policy.load_policy`` after a download, offline, and as a pyfunc it
-answers questions (``served_model.PolicyModel``). MLflow's transformers flavour was not used:
+answers questions (``pyfunc.PolicyModel``). MLflow's transformers flavour was not used:
 it reaches for the Hugging Face hub (model card, licence) and for torchvision when saving.
 
 Decisions are recorded on the version as tags: ``gate.metric``, ``gate.value``,
@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from progress_sql.config import Settings, default_settings
+from progress_sql.files import write_json
 from progress_sql.tracking.mlflow_runs import (
     TrackingError,
     configure,
     log_artifacts,
     log_metrics,
+    mlflow_key,
 )
-from progress_sql.eval.reports import mlflow_key, write_json
 from progress_sql.tracking.model_card import render_model_card
 
 import mlflow  # noqa: E402  (after mlflow_runs has set the quiet environment)
@@ -92,7 +93,7 @@ def register_model(
     when none is active), register it under ``name`` (default ``tracking.model_name``) and
     return the version number. ``metrics`` (the evaluation's) are logged on the run, so the
     version shows them, and go into the model card logged beside the model."""
-    from progress_sql.tracking.served_model import PolicyModel, pyfunc_requirements
+    from progress_sql.tracking.pyfunc import PolicyModel, pyfunc_requirements
 
     settings = _settings(settings)
     name = name or settings.tracking.model_name

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from progress_sql.eval.reports import write_csv, write_json
+from progress_sql.files import write_csv, write_json
 
 # The RL summary averages the last steps: one step's reward is a noisy estimate.
 RL_SUMMARY_STEPS = 5
@@ -23,7 +23,8 @@ RL_SUMMARY_STEPS = 5
 RL_SUMMARY_KEYS = ("reward/mean", "ex", "turns/mean", "loss", "kl", "response_tokens/mean", "truncated")
 
 
-def _numeric(value: Any) -> bool:
+def _is_number(value: Any) -> bool:
+    # a bool is an int to Python, but a flag is no point on a curve
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -55,7 +56,7 @@ def curve_columns(history: Sequence[dict[str, Any]]) -> list[str]:
     """``step`` then every numeric per-step key, in order of first appearance."""
     columns = ["step"]
     for row in history:
-        columns += [k for k, v in row.items() if k not in columns and _numeric(v)]
+        columns += [k for k, v in row.items() if k not in columns and _is_number(v)]
     return columns
 
 
@@ -65,7 +66,7 @@ def rl_summary(history: Sequence[dict[str, Any]], steps: int) -> dict[str, float
     tail = list(history)[-RL_SUMMARY_STEPS:]
     summary = {"rl/steps": float(steps), "rl/seconds": float(sum(r.get("step_s", 0.0) for r in history))}
     for key in RL_SUMMARY_KEYS:
-        values = [float(r[key]) for r in tail if _numeric(r.get(key))]
+        values = [float(r[key]) for r in tail if _is_number(r.get(key))]
         if values:
             summary["rl/" + key.replace("/", "_")] = sum(values) / len(values)
     return summary

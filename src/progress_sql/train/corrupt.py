@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 import sqlglot
 from sqlglot import exp
 
-from progress_sql.data.schema import parse_ddl
+from progress_sql.corpus.schema import parse_ddl
 from progress_sql.sql.parse import SQLParseError, parse_one
 
 Schema = Mapping[str, Sequence[str]]  # lower-case table name -> column names
@@ -24,7 +24,7 @@ Corruption = Callable[[exp.Expression, Schema, random.Random], exp.Expression | 
 
 
 def schema_from_ddl(ddl: str) -> dict[str, list[str]]:
-    """Table → column names from CREATE TABLE statements (``data.schema.parse_ddl``);
+    """Table → column names from CREATE TABLE statements (``corpus.schema.parse_ddl``);
     statements sqlglot cannot read are skipped."""
     return {t.name.lower(): [c.name for c in t.columns] for t in parse_ddl(ddl).tables}
 

@@ -31,24 +31,23 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from progress_sql.config import Settings, default_settings
-from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs import (
     ODTFeedbackEnv,
     ScriptedPolicy,
     SchemaTexts,
-    SingleTurnEnv,
     ddl_from_sqlite,
     round1_messages,
     rollout,
 )
-from progress_sql.rewards.formats import FormatName
+from progress_sql.formats import FORMATS, FormatName, answer_text
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
-from progress_sql.train.generation import ChatPolicy, cache_kwarg, make_backend
-from progress_sql.train.policy import load_policy
+from progress_sql.eval.runner import greedy_answers
+from progress_sql.inference import ChatModel, load_policy
+from progress_sql.inference.backends import cache_kwarg
 from progress_sql.train.tiny import copy_loss, ordinary_ids
 
 Message = dict[str, str]
-_TAGS = {"think_sql": ("think", "sql"), "reasoning_answer": ("reasoning", "answer"), "trail": ("think", "solution")}
 METRICS_FILE = "sft_metrics.json"
 
 
@@ -70,8 +69,7 @@ class SFTExample:
 def target_text(example: Example, fmt: FormatName, sql: str | None = None) -> str:
     """The assistant output for ``example`` in format ``fmt``: its reasoning trace and ``sql``
     (default: the gold) in the format's tags."""
-    reason, answer = _TAGS[fmt]
-    return f"<{reason}>{example.reasoning.strip()}</{reason}>\n<{answer}>{(sql or example.gold_sql).strip()}</{answer}>"
+    return answer_text(fmt, example.reasoning, sql or example.gold_sql)
 
 
 def build_sft_examples(
@@ -91,7 +89,7 @@ def build_sft_examples(
     ``settings.seed``). Examples whose gold cannot be made into a revision dialogue (no
     corruption changes its result) stay plain only.
     """
-    if fmt not in _TAGS:
+    if fmt not in FORMATS:
         raise ValueError(f"unknown output format {fmt!r}")
     schema_texts = schema_texts or SchemaTexts(prompt_style=settings.env.prompt_style)
     rng = random.Random(f"{settings.seed if seed is None else seed}:sft")
@@ -437,17 +435,13 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
 # ----------------------------------------------------------------------------- quick evaluation
 def greedy_ex(model_dir: str | Path, corpus_dir: str | Path, split: str = "dev", limit: int | None = None,
               settings: Settings | None = None) -> float:
-    """Execution accuracy of greedy single-turn ``think_sql`` generation on the first ``limit``
-    examples of ``split`` (the evaluation stage has the full runner; this is a quick check)."""
+    """Execution accuracy of greedy single-turn generation (the output format of ``rl.recipe``)
+    on the first ``limit`` examples of ``split``: the evaluation's greedy mode, as a quick check."""
     settings = settings or default_settings()
     layout = CorpusLayout(Path(corpus_dir))
     examples = list(read_jsonl(layout.split(split)))[: limit or None]
     if not examples:
         raise CorpusError(f"{layout.split(split)}: no examples")
-    model, tokenizer = load_policy(model_dir, dtype=settings.model.dtype)
-    gen = settings.generation
-    policy = ChatPolicy(make_backend(settings, model, tokenizer, model_dir), tokenizer, temperature=0.0,
-                        max_new_tokens=gen.max_new_tokens, stop=("</sql>",), max_prompt_tokens=gen.max_prompt_tokens)
-    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
-    episodes = rollout(lambda: SingleTurnEnv(settings, schema_texts=schema_texts), policy, examples, layout.database)
-    return sum(ep.correct for ep in episodes) / len(episodes)
+    evals = greedy_answers(settings, ChatModel.load(model_dir, settings.generation, dtype=settings.model.dtype,
+                                                        seed=settings.seed), layout.root, examples)
+    return sum(ev.greedy is not None and ev.greedy.verdict.correct for ev in evals) / len(evals)

@@ -28,21 +28,17 @@ from transformers import (
 )
 
 from progress_sql.config import CopyWarmupSettings, EnvSettings, Settings, default_settings
-from progress_sql.data.records import CorpusError, CorpusLayout, read_jsonl
+from progress_sql.corpus.records import CorpusError, CorpusLayout, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT, system_prompt, user_prompt
 from progress_sql.odt import FALLBACK_FEEDBACK, TAGS, feedback_text
 from progress_sql.odt.feedback import DB_ENGINE
-from progress_sql.rewards.formats import FORMATS
+from progress_sql.formats import ALL_TAGS, FORMATS
 
 PAD, BOS_TURN, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (PAD, BOS_TURN, EOS)
-# Every tag of every output format and environment message (rewards.formats, envs.prompts).
-FORMAT_TAGS = tuple(
-    f"<{close}{tag}>"
-    for tag in ("think", "sql", "reasoning", "answer", "solution", "observation")
-    for close in ("", "/")
-)
+# Every tag of every output format and environment message, opening and closing.
+FORMAT_TAGS = tuple(f"<{close}{tag}>" for tag in ALL_TAGS for close in ("", "/"))
 
 # ChatML, the format of Qwen2 instruct models: what the tokenizer's apply_chat_template renders.
 CHAT_TEMPLATE = (

@@ -8,7 +8,7 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
     for step in 1..rl.steps (or until rl.max_minutes, which also covers the pool's pass):
         questions  ← the next questions_per_step questions of the pool (a seeded permutation
                      per epoch)
-        episodes   ← envs.rollout(rl.env, TokenPolicy, every question × G)    model in eval mode;
+        episodes   ← envs.rollout(rl.env, ChatModel.policy, every question × G)   model in eval mode;
                      each conversation's KV cache kept between its turns (generation.prefix_cache)
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
@@ -51,20 +51,14 @@ from tqdm import tqdm
 
 from progress_sql import envs, rewards
 from progress_sql.config import RLSettings, Settings
-from progress_sql.data.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
+from progress_sql.eval.runner import greedy_answers
+from progress_sql.inference import ChatModel, load_policy, make_backend, reusing_prefixes
 from progress_sql.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
-from progress_sql.train.generation import make_backend, reusing_prefixes
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss, token_logprobs
-from progress_sql.train.policy import load_policy
-from progress_sql.train.rollout import (
-    TokenizedTrajectory,
-    TokenPolicy,
-    max_sequence_tokens,
-    stop_strings,
-    tokenized_trajectory,
-)
+from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory
 
 
 @dataclass
@@ -170,12 +164,10 @@ def micro_batch_loss(
 
 def _env_factory(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
     env_cls = envs.get(settings.rl.env)
-    if settings.rl.env == "single_turn":
-        return lambda: env_cls(settings, fmt=recipe.fmt, schema_texts=schema)
-    if env_cls.fmt != recipe.fmt:
+    if recipe.fmt not in env_cls.formats:
         raise ValueError(f"rl.recipe {recipe.name!r} scores {recipe.fmt} outputs but rl.env {settings.rl.env!r} "
-                         f"prompts for {env_cls.fmt}; pick a matching pair")
-    return lambda: env_cls(settings, schema_texts=schema)
+                         f"prompts for {', '.join(env_cls.formats)}; pick a matching pair")
+    return lambda: env_cls(settings, fmt=recipe.fmt, schema_texts=schema)
 
 
 def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput) -> dict[str, Any]:
@@ -188,19 +180,15 @@ def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.Re
 QUESTION_POOL_FILE = "question_pool.jsonl"
 
 
-def solved_question_ids(settings: Settings, backend: Any, tokenizer: Any, layout: CorpusLayout,
+def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayout,
                         questions: list[Example], record_to: Path | None) -> list[str]:
-    """The ids of ``questions`` the policy behind ``backend`` answers right with one greedy
-    output (the eval protocol: single turn, EX), for ``rl.question_pool: solved``. Rank 0
-    decides and the others take its answer (ranks must draw from one pool); its verdicts go
-    to ``record_to`` as predictions-file lines."""
-    from progress_sql.eval.policies import ModelGenerator
-    from progress_sql.eval.runner import greedy_answers
-
+    """The ids of ``questions`` that ``model`` answers right with one greedy output (the eval
+    protocol: single turn, EX), for ``rl.question_pool: solved``. Rank 0 decides and the
+    others take its answer (ranks must draw from one pool); its verdicts go to ``record_to``
+    as predictions-file lines."""
     ids: list[Any] = [None]
     if rank() == 0:
-        generator = ModelGenerator(settings.rl.init_from, backend, tokenizer, settings.generation)
-        evals = greedy_answers(settings, generator, layout.root, questions)
+        evals = greedy_answers(settings, model, layout.root, questions)
         ids[0] = [ev.example.id for ev in evals if ev.greedy is not None and ev.greedy.verdict.correct]
         if record_to is not None:
             _write_jsonl(record_to, [ev.record() for ev in evals], mode="w")
@@ -279,8 +267,8 @@ def run_rl(
     engine: Engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
                                  grad_accum=grad_accum)
     policy_model = engine.module
-    backend = make_backend(settings, policy_model, tokenizer, model_path=rl.init_from)
-    stops = stop_strings(recipe.fmt)
+    backend = make_backend(gen, policy_model, tokenizer, rl.init_from, seed=settings.seed)
+    chat = ChatModel(rl.init_from, backend, tokenizer, gen)
     pad_id = int(tokenizer.pad_token_id)
     main = rank() == 0
 
@@ -313,7 +301,7 @@ def run_rl(
                                                                              replace=False)
                 candidates = [train[i] for i in sorted(picked)]
             with engine.gathered(), torch.no_grad():
-                state["question_pool"] = solved_question_ids(settings, backend, tokenizer, layout, candidates,
+                state["question_pool"] = solved_question_ids(settings, chat, layout, candidates,
                                                              out / QUESTION_POOL_FILE if main else None)
         pool = set(state["question_pool"])
         train = [ex for ex in train if ex.id in pool]
@@ -338,8 +326,7 @@ def run_rl(
         # -- rollouts (eval mode; ZeRO-3 gathers the full weights for the sampler)
         policy_model.eval()
         t_roll = time.monotonic()
-        token_policy = TokenPolicy(backend, tokenizer, gen, stops, max_tokens=max_tokens,
-                                   seed=step_seed(rl.seed, step, rank()))
+        token_policy = chat.policy(recipe.fmt, max_tokens=max_tokens, seed=step_seed(rl.seed, step, rank()))
         with engine.gathered(), torch.no_grad(), reusing_prefixes(backend, gen.prefix_cache):
             episodes = envs.rollout(env_factory, token_policy, [q for q in questions for _ in range(rl.group_size)],
                                     layout.database)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from progress_sql.data.loaders.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array
-from progress_sql.data.records import CorpusError
+from progress_sql.corpus.records import CorpusError
 
 BIRD_SPLITS = ("train", "dev")
 BIRD_DIFFICULTIES = ("simple", "moderate", "challenging")

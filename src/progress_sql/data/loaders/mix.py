@@ -12,7 +12,7 @@ import math
 import random
 from typing import Mapping, Sequence
 
-from progress_sql.data.records import Example
+from progress_sql.corpus.records import Example
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from progress_sql.data.records import CorpusError, Example
+from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.sql import SQLParseError, hardness
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from progress_sql.data.loaders.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array, require_file
-from progress_sql.data.records import CorpusError
+from progress_sql.corpus.records import CorpusError
 
 # split → (question files, the first one required; database folder; tables file)
 _LAYOUT = {

@@ -17,7 +17,7 @@ from progress_sql.data.loaders.reading import (
     iter_json_array,
     require_file,
 )
-from progress_sql.data.records import CorpusError
+from progress_sql.corpus.records import CorpusError
 
 
 def synsql_database_path(root: Path, db_id: str) -> Path:

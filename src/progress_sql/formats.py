@@ -1,6 +1,8 @@
-"""Output-format parsing: is a model output well-formed for its recipe, and which SQL does it hold?
+"""Output formats: the one home of their tags, stop strings, parsing and answer templates.
 
-Three formats:
+Everything that depends on how a model's answer is written reads it from here: the prompts
+(``envs.prompts``), the environments, the rewards, generation's stop strings (training,
+evaluation, serving) and the SFT / oracle answers. Three formats:
 
 - ``think_sql`` (Progress-SQL, one-shot): ``<think>…</think><sql>…</sql>``.
 - ``reasoning_answer`` (Reasoning-SQL): ``<reasoning>…</reasoning><answer>…</answer>``.
@@ -27,6 +29,9 @@ from typing import Literal
 FormatName = Literal["think_sql", "reasoning_answer", "trail"]
 FORMATS: tuple[FormatName, ...] = ("think_sql", "reasoning_answer", "trail")
 OutputKind = Literal["sql", "solution", "answer"]
+# Every tag a model or environment writes, in a fixed order (the tiny tokenizer gives each one
+# token, in this order).
+ALL_TAGS = ("think", "sql", "reasoning", "answer", "solution", "observation")
 
 
 @dataclass(frozen=True)
@@ -41,14 +46,43 @@ class ParsedOutput:
     reason: str
 
 
-# (reasoning tag, answer tags with the kind each yields) per format; for ``trail`` the final
-# answer is looked for first, as SkyRL-SQL's environment does.
+# (reasoning tag, answer tags with the kind each yields) per format. The first answer tag is
+# the final answer's (for ``trail`` it is looked for first, as SkyRL-SQL's environment does);
+# ``trail``'s second is the tool call.
 _LAYOUT: dict[str, tuple[str, tuple[tuple[str, OutputKind], ...]]] = {
     "think_sql": ("think", (("sql", "sql"),)),
     "reasoning_answer": ("reasoning", (("answer", "answer"),)),
     "trail": ("think", (("solution", "solution"), ("sql", "sql"))),
 }
 _FORBIDDEN = {"trail": ("observation",)}
+# Formats of one answer block (no tool call): what the single-turn environment accepts.
+SINGLE_ANSWER_FORMATS: tuple[FormatName, ...] = tuple(f for f in FORMATS if len(_LAYOUT[f][1]) == 1)
+
+
+def _layout(fmt: str) -> tuple[str, tuple[tuple[str, OutputKind], ...]]:
+    try:
+        return _LAYOUT[fmt]
+    except (KeyError, TypeError):
+        raise KeyError(f"unknown output format {fmt!r}; known: {', '.join(FORMATS)}") from None
+
+
+def answer_tags(fmt: FormatName) -> tuple[str, str]:
+    """``(reasoning tag, final-answer tag)`` of ``fmt``: what its prompt asks for."""
+    reasoning, answers = _layout(fmt)
+    return reasoning, answers[0][0]
+
+
+def stop_strings(fmt: FormatName) -> tuple[str, ...]:
+    """Where a generation in ``fmt`` stops besides eos: right after an answer block, so nothing
+    trails the answer (and a tool call never writes its own ``<observation>``)."""
+    return tuple(sorted(f"</{tag}>" for tag, _ in _layout(fmt)[1]))
+
+
+def answer_text(fmt: FormatName, reasoning: str, sql: str) -> str:
+    """A well-formed final answer in ``fmt``: ``reasoning`` and ``sql`` in its tags (the SFT
+    targets and the oracle's answers)."""
+    reason, answer = answer_tags(fmt)
+    return f"<{reason}>{reasoning.strip()}</{reason}>\n<{answer}>{sql.strip()}</{answer}>"
 
 _FENCE_LANG = re.compile(r"(?:sqlite|sql)(?![A-Za-z0-9_])", re.IGNORECASE)
 

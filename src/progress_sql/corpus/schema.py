@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import sqlglot
 from sqlglot import exp
 
-from progress_sql.data.records import CorpusError, read_text
+from progress_sql.corpus.records import CorpusError, read_text
 
 # Spider's column types → SQLite declared types (their affinity: TEXT, NUMERIC, BLOB).
 _SQLITE_TYPES = {

@@ -1,5 +1,14 @@
-"""The token side of rollouts: a Policy for ``envs.rollout`` that keeps every conversation's
-exact token sequence, and the per-episode training record built from it.
+"""The one policy adapter: a model behind a generation backend, speaking chat messages.
+
+``ChatModel`` (backend + tokenizer + generation settings) is what rollouts, evaluation, SFT
+checks and serving generate with:
+
+- ``complete(requests, n=...)``: ``n`` samples of each conversation (greedy at temperature 0),
+  a prompt over ``generation.max_prompt_tokens`` answered by an empty ``prompt_too_long``
+  sample; evaluation's Vote@k and pass@k and ``progress-sql ask`` use it.
+- ``policy(...)``: a ``TokenPolicy``, the ``envs.Policy`` that ``envs.rollout`` drives, which
+  keeps every conversation's exact token sequence (the trainer trains on it; evaluation's
+  multi-turn protocol reads only the texts).
 
 The environments speak messages; the trainer needs the token ids the model saw and sampled.
 ``TokenPolicy`` keeps one token record per conversation and only ever *appends* to it:
@@ -27,35 +36,21 @@ order, the order ``envs.rollout`` keeps.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from progress_sql.config import GenerationSettings
-from progress_sql.envs.base import Episode
-from progress_sql.rewards.formats import FormatName
-from progress_sql.train.generation import GenerationBackend, Sample
-from progress_sql.train.policy import chat_prompt_ids
+from progress_sql.envs.base import Request
+from progress_sql.formats import FormatName, stop_strings
+from progress_sql.inference.backends import GenerationBackend, Sample, make_backend
+from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_policy
+from progress_sql.inference.settings import GenerationSettings
 
 Message = dict[str, str]
-
-# Where a generation stops besides eos: right after the answer block of each output format,
-# so nothing trails the answer (and a tool call never writes its own <observation>).
-STOP_STRINGS: dict[str, tuple[str, ...]] = {
-    "think_sql": ("</sql>",),
-    "reasoning_answer": ("</answer>",),
-    "trail": ("</sql>", "</solution>"),
-}
-
-
-def stop_strings(fmt: FormatName) -> tuple[str, ...]:
-    """The stop strings of output format ``fmt`` (``recipe.fmt`` / ``env.fmt``)."""
-    try:
-        return STOP_STRINGS[fmt]
-    except KeyError:
-        raise KeyError(f"unknown output format {fmt!r}; known: {', '.join(STOP_STRINGS)}") from None
+PROMPT_TOO_LONG = "prompt_too_long"  # the finish reason of a prompt that was not generated from
 
 
 # ----------------------------------------------------------------------------- template deltas
@@ -135,48 +130,9 @@ class TurnOutput:
     sample: Sample
     conversation: ConversationTokens
 
-
-@dataclass
-class TokenizedTrajectory:
-    """One episode as the trainer consumes it. ``old_logprobs`` are the sampler's per-token
-    log-probabilities (0.0 where ``loss_mask`` is 0); ``truncated``: cut to the length limit."""
-
-    input_ids: list[int]
-    loss_mask: list[int]
-    old_logprobs: list[float]
-    reward: float
-    group_id: int
-    turn_count: int
-    truncated: bool = False
-
     @property
-    def sampled_tokens(self) -> int:
-        return int(sum(self.loss_mask))
-
-
-def max_sequence_tokens(gen: GenerationSettings, max_turns: int) -> int:
-    """The length limit of a trajectory: prompt budget + T generations."""
-    return gen.max_prompt_tokens + max_turns * gen.max_new_tokens
-
-
-def tokenized_trajectory(
-    episode: Episode, reward: float, group_id: int, max_tokens: int
-) -> TokenizedTrajectory:
-    """The training record of an episode rolled out with a ``TokenPolicy``, cut to ``max_tokens``
-    (input ids, mask and log-probs together)."""
-    if not episode.generations or not isinstance(episode.generations[-1], TurnOutput):
-        raise TypeError("the episode was not rolled out with a TokenPolicy (no token record)")
-    conv = episode.generations[-1].conversation
-    n = min(len(conv.input_ids), max_tokens)
-    return TokenizedTrajectory(
-        input_ids=conv.input_ids[:n],
-        loss_mask=conv.loss_mask[:n],
-        old_logprobs=conv.logprobs[:n],
-        reward=float(reward),
-        group_id=int(group_id),
-        turn_count=episode.K,
-        truncated=n < len(conv.input_ids),
-    )
+    def n_tokens(self) -> int:
+        return len(self.sample.token_ids)
 
 
 # ----------------------------------------------------------------------------- the policy
@@ -189,8 +145,10 @@ class TokenPolicy:
 
     ``gen``: temperature, top-p, max_new_tokens; ``stop``: stop strings; ``max_tokens``: a
     conversation never grows past it (a turn's budget is what is left, an empty output when
-    nothing is); ``seed``: every generate call is seeded from (seed, call number), so the same
-    seed replays the same rollouts. One instance serves one ``envs.rollout`` call.
+    nothing is); ``max_prompt_tokens``: a conversation longer than this is not generated from
+    (an empty ``prompt_too_long`` output; None: no such limit); ``seed``: every generate call is
+    seeded from (seed, call number), so the same seed replays the same rollouts. One instance
+    serves one ``envs.rollout`` call.
     """
 
     def __init__(
@@ -201,6 +159,7 @@ class TokenPolicy:
         stop: Sequence[str] = (),
         *,
         max_tokens: int | None = None,
+        max_prompt_tokens: int | None = None,
         seed: int = 0,
     ) -> None:
         self.backend = backend
@@ -208,6 +167,7 @@ class TokenPolicy:
         self.gen = gen
         self.stop = tuple(stop)
         self.max_tokens = max_tokens
+        self.max_prompt_tokens = max_prompt_tokens
         self.seed = int(seed)
         self.deltas = TemplateDeltas(tokenizer)
         self.calls = 0
@@ -250,6 +210,9 @@ class TokenPolicy:
         samples: list[Sample | None] = [None] * len(convs)
         by_budget: dict[int, list[int]] = defaultdict(list)
         for i, conv in enumerate(convs):
+            if self.max_prompt_tokens is not None and len(conv.input_ids) > self.max_prompt_tokens:
+                samples[i] = Sample(list(conv.input_ids), [], "", [], PROMPT_TOO_LONG)
+                continue
             by_budget[self._budget(conv)].append(i)
         for budget, rows in sorted(by_budget.items()):
             if budget == 0:  # no room left: an empty turn (the environment scores it as wrong)
@@ -274,3 +237,67 @@ class TokenPolicy:
             self._waiting[key].append(conv)
             outputs.append(TurnOutput(sample.text, sample, conv))
         return outputs
+
+
+# ----------------------------------------------------------------------------- the adapter
+class ChatModel:
+    """A policy model behind a generation backend: the one adapter every caller generates with.
+
+    ``name``: how reports call it (its folder or hub id); ``generation``: max_new_tokens,
+    max_prompt_tokens, temperature and top-p of rollouts (``policy`` overrides the last two).
+    """
+
+    def __init__(self, name: str, backend: GenerationBackend, tokenizer: Any, generation: GenerationSettings) -> None:
+        self.name = name
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.generation = generation
+
+    @classmethod
+    def load(cls, name: str | os.PathLike, generation: GenerationSettings, *, dtype: str = "auto",
+             seed: int = 0) -> "ChatModel":
+        """The policy ``name`` (a model folder, a hub id or a bundled model's name) in ``dtype``,
+        behind the backend ``generation.backend`` names."""
+        name = str(name)
+        model, tokenizer = load_policy(name, dtype=dtype)
+        path = None if name in BUNDLED_MODELS else name  # vLLM loads a folder or hub id itself
+        return cls(name, make_backend(generation, model, tokenizer, path, seed=seed), tokenizer, generation)
+
+    def complete(
+        self, requests: Sequence[Request], *, n: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[list[Sample]]:
+        """``n`` samples of each request's conversation (temperature 0: greedy), stopped at its
+        format's stop strings; a prompt over ``max_prompt_tokens`` gets ``n`` empty samples
+        with finish reason ``prompt_too_long`` (scored as wrong, counted in reports)."""
+        prompts = [chat_prompt_ids(self.tokenizer, r.messages) for r in requests]
+        out = [[Sample(p, [], "", [], PROMPT_TOO_LONG)] * n for p in prompts]
+        fits = [i for i, p in enumerate(prompts) if len(p) <= self.generation.max_prompt_tokens]
+        stop = sorted({s for r in requests for s in stop_strings(r.fmt)})
+        if fits:
+            samples = self.backend.generate(
+                [prompts[i] for i in fits], n=n, temperature=temperature, top_p=top_p,
+                max_new_tokens=self.generation.max_new_tokens, stop=stop, seed=seed,
+            )
+            for i, row in zip(fits, samples):
+                out[i] = row
+        return out
+
+    def policy(
+        self,
+        fmt: FormatName,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        limit_prompt: bool = False,
+        seed: int = 0,
+    ) -> TokenPolicy:
+        """A ``TokenPolicy`` for one ``envs.rollout`` of an environment in format ``fmt``:
+        ``generation``'s sampling unless ``temperature`` / ``top_p`` are given (0: greedy);
+        ``limit_prompt``: conversations over ``max_prompt_tokens`` get an empty output."""
+        gen = self.generation
+        updates = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}
+        if updates:
+            gen = gen.model_copy(update=updates)
+        return TokenPolicy(self.backend, self.tokenizer, gen, stop_strings(fmt), max_tokens=max_tokens,
+                           max_prompt_tokens=gen.max_prompt_tokens if limit_prompt else None, seed=seed)

@@ -6,6 +6,7 @@ Training uses the ids a backend sampled, never a re-tokenisation of its text, so
 top-p), i.e. the log-probability the trainer's forward pass on prompt + ``token_ids``
 computes for the same tokens. ``text`` is ``token_ids`` decoded (a trailing eos token left
 out); it is what the rollout environments read (``Sample`` is a policy output with ``.text``).
+Callers reach a backend through the one policy adapter, ``inference.policy.ChatModel``.
 
 Backends:
 
@@ -32,7 +33,7 @@ import inspect
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 from transformers import DynamicCache
@@ -42,12 +43,10 @@ try:
 except ImportError:  # transformers before 4.56 (vLLM installs pin older ones): caches grow by concatenation
     DynamicLayer = None
 
-from progress_sql.train.policy import chat_prompt_ids
+from progress_sql.inference.settings import GenerationSettings
 
-if TYPE_CHECKING:
-    from progress_sql.config import Settings
-
-FinishReason = Literal["stop", "eos", "length"]
+# prompt_too_long: the prompt was not generated from (``inference.policy``: empty sample)
+FinishReason = Literal["stop", "eos", "length", "prompt_too_long"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -70,8 +69,9 @@ class Sample:
     logprobs: list[float]
     finish_reason: FinishReason
 
-
-GenerationRecord = Sample  # the name the rollout code uses for a policy output with .text
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @runtime_checkable
@@ -472,7 +472,8 @@ class VLLMBackend:
     update, as TRL 1.16 (``trl/generation/vllm_generation.py``) does.
     """
 
-    def __init__(self, model_path: str | os.PathLike, settings: "Settings", *, tokenizer: Any = None) -> None:
+    def __init__(self, model_path: str | os.PathLike, generation: GenerationSettings, *, seed: int = 0,
+                 tokenizer: Any = None) -> None:
         try:
             import vllm  # noqa: PLC0415 - optional, CUDA-only dependency
         except ImportError as err:
@@ -481,7 +482,7 @@ class VLLMBackend:
                 "pip install 'progress-sql[vllm]', or set generation.backend: transformers"
             ) from err
         self._vllm = vllm
-        gen = settings.generation
+        gen = generation
         # vLLM's in-process engine (needed to reach the model for weight sync) runs under the
         # "external_launcher" executor, which reads torch.distributed's variables.
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
@@ -492,7 +493,7 @@ class VLLMBackend:
             gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
             max_model_len=gen.max_prompt_tokens + gen.max_new_tokens,
             distributed_executor_backend="external_launcher",
-            seed=settings.seed,
+            seed=seed,
             logprobs_mode="raw_logprobs",
             enable_prefix_caching=True,
         )
@@ -554,50 +555,7 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
 
 
-# ----------------------------------------------------------------------------- envs policy
-class ChatPolicy:
-    """An ``envs.Policy`` over a backend: each conversation rendered with the chat template
-    (``policy.chat_prompt_ids``), one ``Sample`` returned per conversation.
-
-    A conversation longer than ``max_prompt_tokens`` is not generated from: its output is an
-    empty ``length`` sample (the environment scores it as a wrong answer). With a ``seed``,
-    call k samples with seed + k, so successive turns do not replay one random stream.
-    """
-
-    def __init__(
-        self,
-        backend: GenerationBackend,
-        tokenizer: Any,
-        *,
-        temperature: float,
-        max_new_tokens: int,
-        top_p: float = 1.0,
-        stop: Sequence[str] = (),
-        seed: int | None = None,
-        max_prompt_tokens: int | None = None,
-    ) -> None:
-        self.backend, self.tokenizer = backend, tokenizer
-        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
-        self.stop, self.seed, self.max_prompt_tokens = tuple(stop), seed, max_prompt_tokens
-        self.calls = 0
-
-    def generate(self, messages_batch: list[list[dict[str, str]]]) -> list[Sample]:
-        """One sample per conversation, in order."""
-        prompts = [chat_prompt_ids(self.tokenizer, messages) for messages in messages_batch]
-        fits = [i for i, p in enumerate(prompts) if self.max_prompt_tokens is None or len(p) <= self.max_prompt_tokens]
-        seed = None if self.seed is None else self.seed + self.calls
-        self.calls += 1
-        outputs: list[Sample] = [Sample(p, [], "", [], "length") for p in prompts]
-        if fits:
-            samples = self.backend.generate(
-                [prompts[i] for i in fits], n=1, temperature=self.temperature, top_p=self.top_p,
-                max_new_tokens=self.max_new_tokens, stop=self.stop, seed=seed,
-            )
-            for i, row in zip(fits, samples):
-                outputs[i] = row[0]
-        return outputs
-
-
+# ----------------------------------------------------------------------------- prefix reuse
 def reusing_prefixes(backend: GenerationBackend, enabled: bool = True) -> contextlib.AbstractContextManager:
     """``backend.reusing_prefixes()`` where the backend has it and ``enabled``
     (``generation.prefix_cache``); else nothing (vLLM caches prefixes on its own)."""
@@ -607,14 +565,15 @@ def reusing_prefixes(backend: GenerationBackend, enabled: bool = True) -> contex
 
 
 # ----------------------------------------------------------------------------- factory
-def make_backend(settings: "Settings", model: Any, tokenizer: Any, model_path: str | os.PathLike | None = None) -> GenerationBackend:
-    """The backend ``settings.generation.backend`` names: ``transformers`` generates with
-    ``model`` itself; ``vllm`` loads ``model_path`` into its own engine."""
-    gen = settings.generation
-    if gen.backend == "transformers":
-        return TransformersBackend(model, tokenizer, gen.batch_size)
-    if gen.backend == "vllm":
+def make_backend(generation: GenerationSettings, model: Any, tokenizer: Any,
+                 model_path: str | os.PathLike | None = None, *, seed: int = 0) -> GenerationBackend:
+    """The backend ``generation.backend`` names (one of ``inference.settings.BACKENDS``):
+    ``transformers`` generates with ``model`` itself; ``vllm`` loads ``model_path`` into its
+    own engine, seeded with ``seed``."""
+    if generation.backend == "transformers":
+        return TransformersBackend(model, tokenizer, generation.batch_size)
+    if generation.backend == "vllm":
         if model_path is None:
             raise ValueError("the vllm backend needs model_path (the checkpoint it loads)")
-        return VLLMBackend(model_path, settings, tokenizer=tokenizer)
-    raise ValueError(f"unknown generation backend {gen.backend!r}")
+        return VLLMBackend(model_path, generation, seed=seed, tokenizer=tokenizer)
+    raise ValueError(f"unknown generation backend {generation.backend!r}")

@@ -1,0 +1,137 @@
+"""The one verdict of "correct": rewards, rollouts and evaluation all decide here.
+
+A prediction is correct when the result of its *comparison view* equals the gold's comparison
+view's result under the rules of a named ``Semantics``. What a semantics fixes:
+
+- ``view``: the SQL that is executed for the comparison (Spider: ``spider_postprocess`` then
+  ``strip_distinct``, as the test-suite evaluator's ``postprocess`` + ``remove_distinct``);
+- ``ordered``: whether row order can matter, decided on the gold's view (Spider:
+  ``order_matters``);
+- ``same``: how two results compare (Spider: ``results_match``, bags of rows up to a column
+  permutation, lists when ordered; an error or a truncated result matches nothing).
+
+The SQL as written is executed too: that raw result is what "executable" means and what the
+environments show as feedback. The view is executed separately only when its text differs
+from the raw SQL (a DISTINCT, a spaced operator), so most predictions cost one query. Gold
+results come from a ``GoldCache``, keyed by the gold's view, so the G rollouts (or k samples)
+of one question execute their gold once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Literal
+
+from progress_sql.sql.settings import SandboxSettings, default_sandbox
+from progress_sql.sql.equivalence import order_matters, results_match, spider_postprocess, strip_distinct
+from progress_sql.sql.pool import GoldCache, default_gold_cache
+from progress_sql.sql.result import ExecResult
+from progress_sql.sql.sandbox import execute
+
+Semantics = Literal["spider"]
+
+_CACHE_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """How one semantics decides: the executed view of a query, whether the gold's order
+    counts, and how two results compare (``same(pred, gold, ordered)``)."""
+
+    view: Callable[[str], str]
+    ordered: Callable[[str], bool]
+    same: Callable[[ExecResult, ExecResult, bool], bool]
+
+
+def _spider_view(sql: str) -> str:
+    return strip_distinct(spider_postprocess(sql))
+
+
+_RULES: dict[str, _Rules] = {
+    "spider": _Rules(view=_spider_view, ordered=order_matters, same=results_match),
+}
+
+
+def _rules(semantics: str) -> _Rules:
+    try:
+        return _RULES[semantics]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown comparison semantics {semantics!r}; known: {', '.join(_RULES)}") from None
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def comparison_sql(sql: str, semantics: Semantics = "spider") -> str:
+    """The query that is executed to compare ``sql`` (Spider: operators re-joined, DISTINCT
+    removed)."""
+    return _rules(semantics).view(sql)
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def gold_order_matters(gold_sql: str, semantics: Semantics = "spider") -> bool:
+    """Whether row order counts against ``gold_sql``, decided on its comparison view (as the
+    reference evaluator does)."""
+    return _rules(semantics).ordered(comparison_sql(gold_sql, semantics))
+
+
+def same_answer(pred_result: ExecResult, gold_result: ExecResult, ordered: bool, semantics: Semantics = "spider") -> bool:
+    """Whether two comparison-view results are the same answer (False when either errored or,
+    under Spider, was truncated). Also the equivalence Vote@k groups by."""
+    return _rules(semantics).same(pred_result, gold_result, ordered)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``result``: the execution of the SQL as written (None without SQL), for "executable"
+    and feedback; ``correct``: the decision; ``compared``: the execution of the comparison
+    view (``result`` itself when the view is the raw SQL; None without SQL), what Vote@k
+    groups."""
+
+    result: ExecResult | None
+    correct: bool
+    compared: ExecResult | None
+
+    @property
+    def executed(self) -> bool:
+        return self.result is not None and self.result.ok
+
+
+def gold_comparison_result(
+    db_path: str | os.PathLike,
+    gold_sql: str,
+    semantics: Semantics = "spider",
+    sandbox: SandboxSettings | None = None,
+    gold_cache: GoldCache | None = None,
+) -> ExecResult:
+    """The gold's comparison-view result on ``db_path``, from ``gold_cache`` (default: the
+    process-wide ``default_gold_cache()``), under ``sandbox``'s limits."""
+    sandbox = sandbox if sandbox is not None else default_sandbox()
+    cache = gold_cache if gold_cache is not None else default_gold_cache()
+    return cache.get(db_path, comparison_sql(gold_sql, semantics), sandbox.timeout_s, sandbox.max_rows)
+
+
+def verdict(
+    db_path: str | os.PathLike,
+    pred_sql: str | None,
+    gold_sql: str,
+    *,
+    semantics: Semantics = "spider",
+    sandbox: SandboxSettings | None = None,
+    gold_cache: GoldCache | None = None,
+) -> Verdict:
+    """Execute ``pred_sql`` on ``db_path`` and decide whether it answers like ``gold_sql``.
+
+    The raw SQL always runs; its comparison view runs only when the text differs. No SQL
+    (None) is not correct and runs nothing. A gold that fails matches nothing. Never raises
+    for any prediction text.
+    """
+    if pred_sql is None:
+        return Verdict(None, False, None)
+    sandbox = sandbox if sandbox is not None else default_sandbox()
+    result = execute(db_path, pred_sql, settings=sandbox)
+    view = comparison_sql(pred_sql, semantics)
+    compared = result if view == pred_sql else execute(db_path, view, settings=sandbox)
+    gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox, gold_cache)
+    correct = same_answer(compared, gold, gold_order_matters(gold_sql, semantics), semantics)
+    return Verdict(result, correct, compared)
