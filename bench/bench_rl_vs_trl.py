@@ -11,8 +11,8 @@ turn (TRL's native case), one run each per pair, back to back in this process:
   constant schedule, clipping ``rl.grad_clip``, no KL (β = 0: no reference model), fp32,
   ``--micro-batch`` sequences per forward/backward (default: the whole step, TRL's
   ``gradient_accumulation_steps`` 1), one optimizer update per step;
-- reward: the ``oneshot`` recipe on a turn made by ``rewards.scoring.make_turn`` (parse,
-  execute read-only, ``results_match`` with the gold result): the code ``run_rl`` runs;
+- reward: the ``oneshot`` recipe on a turn made by ``rewards.turns.make_turn`` (parse,
+  execute read-only, ``sql.verdict`` against the gold): the code ``run_rl`` runs;
 - ``--sft-minutes M`` (default 0) first runs ``run_sft`` on the base model for M minutes and
   starts both from it, so completions end at eos or ``</sql>`` instead of the length limit.
 
@@ -54,9 +54,8 @@ from progress_sql.config import Settings, load_settings  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, Example, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
-from progress_sql.rewards.scoring import make_turn  # noqa: E402
+from progress_sql.rewards.turns import make_turn  # noqa: E402
 from progress_sql.rewards.types import Trajectory  # noqa: E402
-from progress_sql.sql import order_matters  # noqa: E402
 from progress_sql.sql.pool import default_gold_cache  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
@@ -181,7 +180,7 @@ def oneshot_reward_fn(settings: Settings, layout: CorpusLayout, examples: list[E
     does (parse, execute, compare with the gold result); it also records each call's completion
     tokens (one call per generation batch)."""
     recipe = rewards.get("oneshot")
-    sandbox, cache = settings.sandbox, default_gold_cache()
+    sandbox = settings.sandbox
 
     def oneshot(prompts, completions, completion_ids, example_index, **_):
         tokens.append(sum(len(ids) for ids in completion_ids))
@@ -189,8 +188,7 @@ def oneshot_reward_fn(settings: Settings, layout: CorpusLayout, examples: list[E
         for completion, i in zip(completions, example_index):
             ex = examples[i]
             path = layout.database(ex.db_id)
-            gold = cache.get(path, ex.gold_sql, sandbox.timeout_s, sandbox.max_rows)
-            turn = make_turn(completion[-1]["content"], recipe.fmt, path, gold, order_matters(ex.gold_sql), settings)
+            turn = make_turn(completion[-1]["content"], recipe.fmt, path, ex.gold_sql, sandbox)
             out.append(recipe(Trajectory(turns=(turn,), gold_sql=ex.gold_sql, db_id=ex.db_id), settings).total)
         return out
 

@@ -1,6 +1,6 @@
 """Screenshots of the pipeline as a user sees it, taken with headless Chromium.
 
-Starts a throwaway stack (flows/local_stack.py): an MLflow server, a Prefect server and
+Starts a throwaway stack (tests/local_stack.py): an MLflow server, a Prefect server and
 ``flows/serve.py``; runs the ``training-pipeline`` deployment once with a tiny configuration
 (about a minute on a CPU), then photographs
 
@@ -30,8 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the throwaway stack of the deployment test
 
-from flows.local_stack import (  # noqa: E402
+from local_stack import (  # noqa: E402
     create_flow_run,
     flow_run_logs,
     mlflow_server,

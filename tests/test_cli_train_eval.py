@@ -124,6 +124,9 @@ def test_train_init_sft_rl_then_eval(workdir):
     (eval_run,) = stage_runs("evaluate")
     assert eval_run.data.metrics["dev/greedy/ex"] == metrics["dev"]["greedy"]["ex"]
     assert "dev/pass_at_2/ex" in eval_run.data.metrics
+    logged = {a.path for a in MlflowClient().list_artifacts(eval_run.info.run_id, "eval")}
+    assert {"eval/metrics.json", "eval/report.md", "eval/hardness.csv", "eval/hardness.png"} <= logged
+    assert "note: logged to the active MLflow run" in result.output
 
 
 def test_eval_resolves_a_registry_uri(workdir, tmp_path):

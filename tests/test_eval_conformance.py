@@ -11,7 +11,7 @@ The reference decision is an independent, minimal re-implementation of ``exec_ev
 quick rejection and a column-permutation search. Its random 20-row pruning of permutations
 only removes permutations that cannot match, so it is replaced here by the same pruning over
 every row (same answers, deterministic). The project's decision is taken twice: by
-``progress_sql.sql.execution_match`` and by the evaluation's batched ``eval.scoring.Judge``.
+``progress_sql.sql.execution_match`` and by the evaluation's batched ``eval.verdicts.BatchVerdicts``.
 
 Documented divergences (``progress_sql.sql.equivalence``): the order test parses the gold
 instead of searching for the substring. No pair here triggers a divergence; the tests assert
@@ -34,7 +34,7 @@ from sqlglot import exp
 
 from progress_sql.config import default_settings
 from progress_sql.corpus.schema import DatabaseSchema, create_database, read_tables_json
-from progress_sql.eval.scoring import Candidate, Judge
+from progress_sql.eval.verdicts import Candidate, BatchVerdicts
 from progress_sql.sql import GoldCache, SQLPool, execution_match
 from progress_sql.sql.verdict import comparison_sql
 
@@ -211,7 +211,7 @@ def spider(conformance: Path, tmp_path_factory) -> tuple[list[tuple[str, str, st
 def judge():
     sandbox = default_settings().sandbox
     with SQLPool(workers=1, settings=sandbox) as pool:
-        yield Judge(pool, sandbox, GoldCache(settings=sandbox))
+        yield BatchVerdicts(pool, sandbox, GoldCache(settings=sandbox))
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -264,7 +264,7 @@ def mutations(gold: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- tests
-def _compare(kind: str, items: list[tuple[str, str, str]], dbs: dict[str, Path], judge: Judge) -> dict[str, int]:
+def _compare(kind: str, items: list[tuple[str, str, str]], dbs: dict[str, Path], judge: BatchVerdicts) -> dict[str, int]:
     """Assert agreement on every (gold, db_id, pred) item; return counts of the verdicts."""
     verdicts = judge.judge([Candidate(str(dbs[db]), pred, gold) for gold, db, pred in items])
     stats = Counter()
@@ -273,7 +273,7 @@ def _compare(kind: str, items: list[tuple[str, str, str]], dbs: dict[str, Path],
         reference = ref_exec_match(dbs[db], pred, gold)
         assert reference is not None, f"{kind}[{i}]: gold fails on the generated database: {gold}"
         project = execution_match(dbs[db], pred, gold, gold_cache=GoldCache(0))
-        assert verdict.correct == project, f"{kind}[{i}]: Judge and execution_match disagree: {pred!r} vs {gold!r}"
+        assert verdict.correct == project, f"{kind}[{i}]: BatchVerdicts and execution_match disagree: {pred!r} vs {gold!r}"
         if project != reference:
             disagreements[(kind, i)] = (gold, pred, reference, project)
         stats[reference] += 1

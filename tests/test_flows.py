@@ -21,7 +21,7 @@ from conftest import REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO))  # the flows/ folder sits beside src/, outside the package
 
-from flows.local_stack import tiny_overrides  # noqa: E402
+from local_stack import tiny_overrides  # noqa: E402
 from flows.pipeline import (  # noqa: E402
     StageFailed,
     evaluate_model,

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 
 from test_flows import PARAMS  # noqa: E402  (it puts the repository on sys.path)
 
-from flows.local_stack import (  # noqa: E402
+from local_stack import (  # noqa: E402
     create_flow_run,
     flow_run_logs,
     prefect_server,

@@ -2,7 +2,7 @@
 
 On every pair, four decisions must be equal. Reward side: ``rewards.make_turn`` called as the
 environments call it, and a real ``single_turn`` environment (reset, then one step with a
-``think_sql`` output). Evaluation side: the batched ``eval.scoring.Judge`` and
+``think_sql`` output). Evaluation side: the batched ``eval.verdicts.BatchVerdicts`` and
 ``sql.execution_match``. The raw executions (what "executable" and the feedback read) must be
 equal too.
 
@@ -26,7 +26,7 @@ from sqlglot import exp
 from progress_sql import envs
 from progress_sql.corpus.records import Example
 from progress_sql.envs.settings import default_task_settings
-from progress_sql.eval.scoring import Candidate, Judge
+from progress_sql.eval.verdicts import Candidate, BatchVerdicts
 from progress_sql.formats import parse_output
 from progress_sql.rewards import make_turn
 from progress_sql.sql import execute, execution_match, order_matters, results_match
@@ -44,7 +44,7 @@ def _raw(result) -> tuple | None:
     return None if result is None else (result.error, result.rows)
 
 
-def assert_agreement(items: list[tuple[Path, str, str, str]], judge: Judge) -> Counter:
+def assert_agreement(items: list[tuple[Path, str, str, str]], judge: BatchVerdicts) -> Counter:
     """Assert that the four decisions agree on every ``(db_path, db_id, gold, pred)``; return
     how often each verdict occurred."""
     texts = [think(pred) for _, _, _, pred in items]

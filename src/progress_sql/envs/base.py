@@ -19,7 +19,7 @@ from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import Message, round1_messages
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.formats import FormatName
-from progress_sql.rewards.scoring import make_turn
+from progress_sql.rewards.turns import make_turn
 from progress_sql.rewards.types import Trajectory, Turn
 from progress_sql.sql import Semantics
 from progress_sql.sql import gold_result as cached_gold_result

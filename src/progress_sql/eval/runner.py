@@ -15,7 +15,7 @@ feedback at test time. For each split:
                   turn is. An environment whose feedback reads the gold (``reads_gold``, the
                   ODT one) is refused by the settings.
 
-EX / TS through ``eval.scoring.Judge`` (Spider test-suite semantics, one SQLPool); the ODT
+EX / TS through ``eval.verdicts.BatchVerdicts`` (Spider test-suite semantics, one SQLPool); the ODT
 mismatch analysis (Table 8) on the greedy predictions. Examples are processed in rounds of
 ``eval.batch_size``: generate, execute the round's SQL in the pool, score, next round.
 
@@ -53,7 +53,7 @@ from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import mismatch_rates, prediction_tags
 from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
 from progress_sql.eval.generators import Generator, RequestPolicy, first_user_message, make_generator
-from progress_sql.eval.scoring import Candidate, Judge, Verdict
+from progress_sql.eval.verdicts import Candidate, BatchVerdicts, Verdict
 from progress_sql.eval.voting import pass_at_k, vote
 from progress_sql.files import write_csv, write_json, write_text
 from progress_sql.formats import FormatName, parse_output
@@ -181,7 +181,7 @@ class ExampleEval:
 
 # ----------------------------------------------------------------------------- the evaluation
 class _SplitEvaluator:
-    def __init__(self, settings: Settings, generator: Generator, judge: Judge, layout: CorpusLayout,
+    def __init__(self, settings: Settings, generator: Generator, judge: BatchVerdicts, layout: CorpusLayout,
                  schema_texts: SchemaTexts, fmt: FormatName) -> None:
         self.settings, self.cfg = settings, settings.eval
         self.generator, self.judge, self.layout = generator, judge, layout
@@ -342,7 +342,7 @@ def run_eval(
     records: dict[str, list[dict[str, Any]]] = {}
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     with SQLPool(settings=settings.sandbox) as pool:
-        judge = Judge(pool, settings.sandbox)
+        judge = BatchVerdicts(pool, settings.sandbox)
         for name, examples in data.items():
             if not examples:
                 notes.append(f"{name}: no examples, skipped")
@@ -382,7 +382,7 @@ def greedy_answers(settings: Settings, generator: Generator, corpus_dir: str | P
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     evals: list[ExampleEval] = []
     with SQLPool(settings=settings.sandbox) as pool:
-        worker = _SplitEvaluator(settings, generator, Judge(pool, settings.sandbox), layout, schema_texts,
+        worker = _SplitEvaluator(settings, generator, BatchVerdicts(pool, settings.sandbox), layout, schema_texts,
                                  eval_format(settings))
         for start in range(0, len(examples), greedy_only.batch_size):
             evals += worker.single_turn("greedy", start, examples[start:start + greedy_only.batch_size])

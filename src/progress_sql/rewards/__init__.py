@@ -15,7 +15,7 @@ from __future__ import annotations
 from progress_sql.formats import FORMATS, ParsedOutput, parse_output
 from progress_sql.rewards.judge import JudgeError, LocalJudge, OpenAIJudge, make_judge
 from progress_sql.rewards.registry import RewardSettings, get, names
-from progress_sql.rewards.scoring import make_turn
+from progress_sql.rewards.turns import make_turn
 from progress_sql.rewards.types import Judge, Recipe, RewardOutput, Trajectory, Turn
 
 

@@ -20,8 +20,8 @@ class Turn:
 
     ``text``: the raw output; ``sql``: the SQL extracted from it (None when nothing could be
     extracted); ``result``: the execution of ``sql`` (None when not executed); ``correct``:
-    the execution matched the gold's, as the environment decided with ``results_match``.
-    Build real turns with :func:`progress_sql.rewards.scoring.make_turn`.
+    the turn is correct by ``sql.verdict`` (the evaluation's decision too).
+    Build real turns with :func:`progress_sql.rewards.turns.make_turn`.
     """
 
     text: str

@@ -1,20 +1,13 @@
 """SQL parsing, sandboxed execution, result equivalence (EX/TS), the verdict of "correct" and
 Spider hardness."""
 
-from progress_sql.sql.equivalence import (
-    execution_match,
-    order_matters,
-    results_match,
-    rows_equivalent,
-    strip_distinct,
-    test_suite_match,
-)
+from progress_sql.sql.equivalence import order_matters, results_match, rows_equivalent, strip_distinct
 from progress_sql.sql.hardness import HARDNESS_LEVELS, hardness
 from progress_sql.sql.parse import SQLParseError, jaccard, ngram_jaccard, parse_one, sql_tokens
 from progress_sql.sql.pool import GoldCache, SQLPool, gold_result
 from progress_sql.sql.result import ERROR_KINDS, ExecResult
 from progress_sql.sql.sandbox import execute
-from progress_sql.sql.verdict import Semantics, Verdict, verdict
+from progress_sql.sql.verdict import Semantics, Verdict, execution_match, test_suite_match, verdict
 
 __all__ = [
     "ERROR_KINDS",

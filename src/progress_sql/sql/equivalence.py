@@ -1,4 +1,4 @@
-"""Execution match (EX) and test-suite match (TS) with the Spider test-suite semantics.
+"""The result comparison of the Spider test-suite semantics: the primitives of EX and TS.
 
 Reference: taoyds/test-suite-sql-eval, ``exec_eval.py`` (``result_eq``, ``eval_exec_match``)
 with its defaults (``keep_distinct=False``, ``plug_value=False``). As there:
@@ -13,8 +13,8 @@ with its defaults (``keep_distinct=False``, ``plug_value=False``). As there:
   floats exactly (no tolerance), text is case-sensitive, ``'1' != 1``, text ``!=`` blob.
 
 These are the primitives of the ``"spider"`` semantics of ``progress_sql.sql.verdict``, the one
-decision of "correct" that rewards, rollouts and the evaluation share; ``execution_match`` and
-``test_suite_match`` decide with its pieces.
+decision of "correct" that rewards, rollouts and the evaluation share (it also holds
+``execution_match`` and ``test_suite_match``, the evaluator's two functions).
 
 Divergences, on purpose:
 
@@ -47,10 +47,9 @@ Divergences, on purpose:
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from sqlglot import exp
 from sqlglot.dialects.sqlite import SQLite
@@ -58,9 +57,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
 from progress_sql.sql.parse import SQLParseError, parse_one
-from progress_sql.sql.pool import GoldCache, default_gold_cache
 from progress_sql.sql.result import ExecResult
-from progress_sql.sql.sandbox import execute
 
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 _SPACED_OPERATOR = re.compile(r"([!<>])\s+=")
@@ -212,67 +209,3 @@ def results_match(pred: ExecResult, gold: ExecResult, order_matters: bool) -> bo
     if not pred.ok or not gold.ok or pred.truncated or gold.truncated:
         return False
     return rows_equivalent(pred.rows, gold.rows, order_matters)
-
-
-# ----------------------------------------------------------------------------- EX and TS
-# EX and TS decide with the pieces of ``sql.verdict`` (the rewards' verdict too), which is
-# built on this module's primitives: imported in the functions to keep the import acyclic.
-def _prepare(pred: str, gold: str, keep_distinct: bool) -> tuple[str, str, bool]:
-    if keep_distinct:  # the reference's keep_distinct=True: only the operator fix-up
-        gold = spider_postprocess(gold)
-        return spider_postprocess(pred), gold, order_matters(gold)
-    from progress_sql.sql.verdict import comparison_sql, gold_order_matters
-
-    return comparison_sql(pred), comparison_sql(gold), gold_order_matters(gold)
-
-
-def _match_on(
-    db_path: str | os.PathLike, pred: str, gold: str, ordered: bool, timeout_s: float | None, cache: GoldCache
-) -> bool:
-    """``pred`` and ``gold`` are comparison views already."""
-    from progress_sql.sql.verdict import same_answer
-
-    gold_res = cache.get(db_path, gold, timeout_s)
-    if not gold_res.ok:
-        return False
-    return same_answer(execute(db_path, pred, timeout_s), gold_res, ordered)
-
-
-def execution_match(
-    db_path: str | os.PathLike,
-    pred: str,
-    gold: str,
-    *,
-    timeout_s: float | None = None,
-    keep_distinct: bool = False,
-    gold_cache: GoldCache | None = None,
-) -> bool:
-    """EX: the prediction's result equals the gold's on ``db_path``.
-
-    Gold results come from ``gold_cache`` (default: the process-wide ``default_gold_cache()``;
-    pass ``GoldCache(0)`` to disable caching).
-    """
-    pred_sql, gold_sql, ordered = _prepare(pred, gold, keep_distinct)
-    cache = gold_cache if gold_cache is not None else default_gold_cache()
-    return _match_on(db_path, pred_sql, gold_sql, ordered, timeout_s, cache)
-
-
-def test_suite_match(
-    db_paths: Iterable[str | os.PathLike],
-    pred: str,
-    gold: str,
-    *,
-    timeout_s: float | None = None,
-    keep_distinct: bool = False,
-    gold_cache: GoldCache | None = None,
-) -> bool:
-    """TS: the prediction matches the gold on every database (stops at the first mismatch)."""
-    paths = list(db_paths)
-    if not paths:
-        raise ValueError("test_suite_match needs at least one database")
-    pred_sql, gold_sql, ordered = _prepare(pred, gold, keep_distinct)
-    cache = gold_cache if gold_cache is not None else default_gold_cache()
-    return all(_match_on(p, pred_sql, gold_sql, ordered, timeout_s, cache) for p in paths)
-
-
-test_suite_match.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

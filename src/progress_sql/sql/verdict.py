@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from collections.abc import Iterable
 from typing import Callable, Literal
 
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
@@ -135,3 +136,62 @@ def verdict(
     gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox, gold_cache)
     correct = same_answer(compared, gold, gold_order_matters(gold_sql, semantics), semantics)
     return Verdict(result, correct, compared)
+
+
+# ----------------------------------------------------------------------------- EX and TS
+# The Spider evaluator's two functions, deciding with the pieces above (as the rewards do).
+def _prepare(pred: str, gold: str, keep_distinct: bool) -> tuple[str, str, bool]:
+    if keep_distinct:  # the reference's keep_distinct=True: only the operator fix-up
+        gold = spider_postprocess(gold)
+        return spider_postprocess(pred), gold, order_matters(gold)
+    return comparison_sql(pred), comparison_sql(gold), gold_order_matters(gold)
+
+
+def _match_on(
+    db_path: str | os.PathLike, pred: str, gold: str, ordered: bool, timeout_s: float | None, cache: GoldCache
+) -> bool:
+    """``pred`` and ``gold`` are comparison views already."""
+    gold_res = cache.get(db_path, gold, timeout_s)
+    if not gold_res.ok:
+        return False
+    return same_answer(execute(db_path, pred, timeout_s), gold_res, ordered)
+
+
+def execution_match(
+    db_path: str | os.PathLike,
+    pred: str,
+    gold: str,
+    *,
+    timeout_s: float | None = None,
+    keep_distinct: bool = False,
+    gold_cache: GoldCache | None = None,
+) -> bool:
+    """EX: the prediction's result equals the gold's on ``db_path``.
+
+    Gold results come from ``gold_cache`` (default: the process-wide ``default_gold_cache()``;
+    pass ``GoldCache(0)`` to disable caching).
+    """
+    pred_sql, gold_sql, ordered = _prepare(pred, gold, keep_distinct)
+    cache = gold_cache if gold_cache is not None else default_gold_cache()
+    return _match_on(db_path, pred_sql, gold_sql, ordered, timeout_s, cache)
+
+
+def test_suite_match(
+    db_paths: Iterable[str | os.PathLike],
+    pred: str,
+    gold: str,
+    *,
+    timeout_s: float | None = None,
+    keep_distinct: bool = False,
+    gold_cache: GoldCache | None = None,
+) -> bool:
+    """TS: the prediction matches the gold on every database (stops at the first mismatch)."""
+    paths = list(db_paths)
+    if not paths:
+        raise ValueError("test_suite_match needs at least one database")
+    pred_sql, gold_sql, ordered = _prepare(pred, gold, keep_distinct)
+    cache = gold_cache if gold_cache is not None else default_gold_cache()
+    return all(_match_on(p, pred_sql, gold_sql, ordered, timeout_s, cache) for p in paths)
+
+
+test_suite_match.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

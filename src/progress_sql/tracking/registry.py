@@ -3,7 +3,7 @@
 
 A version is a ``pyfunc`` model whose artifact ``hf_model`` is the policy's Hugging Face
 folder (weights, config, tokenizer, chat template) exactly as ``save_pretrained`` wrote it:
-it loads with ``train.policy.load_policy`` after a download, offline, and as a pyfunc it
+it loads with ``inference.load_policy`` after a download, offline, and as a pyfunc it
 answers questions (``pyfunc.PolicyModel``). MLflow's transformers flavour was not used:
 it reaches for the Hugging Face hub (model card, licence) and for torchvision when saving.
 

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from progress_sql.config import SandboxSettings
+from progress_sql.sql.settings import SandboxSettings
 from progress_sql.sql.pool import GoldCache, SQLPool
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.verdict import (
@@ -33,7 +33,7 @@ from progress_sql.sql.verdict import (
     same_answer,
 )
 
-__all__ = ["Candidate", "Judge", "Verdict"]
+__all__ = ["BatchVerdicts", "Candidate", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Candidate:
     gold_sql: str
 
 
-class Judge:
+class BatchVerdicts:
     """Batched EX / TS over a pool under ``semantics``; ``gold_cache`` holds the gold results
     (comparison views)."""
 
