@@ -369,20 +369,103 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Settings:
-    """Load and validate params.yaml; raise SettingsError with the offending key."""
-    path = Path(path)
+def _read_yaml(path: Path, what: str) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SettingsError(f"settings file not found: {path}") from None
+        raise SettingsError(f"{what} not found: {path}") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise SettingsError(f"cannot read settings file {path}: {err}") from None
+        raise SettingsError(f"cannot read {what} {path}: {err}") from None
     try:
-        raw = yaml_load(text)
+        return yaml_load(text)
     except yaml.YAMLError as err:
         raise SettingsError(f"{path} is not valid YAML: {err}") from None
-    return settings_from_dict(raw, str(path), overrides)
+
+
+def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None, *,
+                  preset: str | None = None) -> Settings:
+    """Load and validate params.yaml, with a preset's overlay merged in first (``preset``: a
+    name in ``configs/presets/`` or a YAML file, see ``with_preset``) and the ``{"a.b": value}``
+    overrides on top; raise SettingsError with the offending key (and the preset's file)."""
+    path = Path(path)
+    raw = _read_yaml(path, "settings file")
+    raw, source = with_preset(raw, preset, str(path), presets_dir(path))
+    return settings_from_dict(raw, source, overrides)
+
+
+# ----------------------------------------------------------------------------- presets
+# A preset is an overlay of params.yaml: a YAML file with the same nested keys, holding only
+# what differs (configs/presets/cpu-demo.yaml: the one-minute demo sizes). Adding one is adding
+# a file. Order: params.yaml, then the preset, then --set overrides.
+PRESETS_SUBDIR = Path("configs") / "presets"
+NO_PRESET = "none"  # the name that means "params.yaml as it is" (a choice of the Prefect form)
+_CHECKOUT = Path(__file__).resolve().parents[2]  # the repository of an editable install
+
+
+def presets_dir(params: str | Path | None = None) -> Path:
+    """Where presets are looked up: ``configs/presets/`` beside the params file (or the working
+    directory), else the one of the checkout this package is installed from."""
+    near = (Path(params).resolve().parent if params else Path.cwd()) / PRESETS_SUBDIR
+    return near if near.is_dir() else _CHECKOUT / PRESETS_SUBDIR
+
+
+def preset_names(folder: str | Path | None = None) -> tuple[str, ...]:
+    """The presets in ``folder`` (default ``presets_dir()``): the stems of its *.yaml files, sorted."""
+    folder = Path(folder) if folder is not None else presets_dir()
+    return tuple(sorted(p.stem for p in folder.glob("*.yaml") if p.stem != NO_PRESET)) if folder.is_dir() else ()
+
+
+def preset_file(name: str, folder: str | Path | None = None) -> Path:
+    """The file of preset ``name`` (a name in ``folder``, or a path to a .yaml/.yml file);
+    SettingsError listing the available names when there is none."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise SettingsError(f"preset file not found: {path}")
+        return path
+    folder = Path(folder) if folder is not None else presets_dir()
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        available = ", ".join(preset_names(folder)) or "none"
+        raise SettingsError(f"unknown preset {name!r}; available: {available} (the .yaml files of {folder})")
+    return path
+
+
+def load_preset(name: str, folder: str | Path | None = None) -> tuple[dict[str, Any], Path]:
+    """The overlay of preset ``name`` (a mapping of settings sections) and its file; a file
+    that is not YAML or not a mapping of sections is a SettingsError naming the file."""
+    path = preset_file(name, folder)
+    overlay = _read_yaml(path, "preset file")
+    if overlay is None:  # an empty overlay: params.yaml as it is
+        return {}, path
+    if not isinstance(overlay, dict):
+        raise SettingsError(f"preset {path}: the top level must be a mapping of settings sections")
+    return overlay, path
+
+
+def merge_overlay(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overlay`` merged in: mappings merge key by key, anything else (a list, a
+    number) replaces the base value. Neither argument is changed."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_overlay(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def with_preset(raw: Any, preset: str | None, source: str, folder: str | Path | None = None) -> tuple[Any, str]:
+    """(params tree with the preset's overlay merged in, source text for error messages);
+    ``preset`` None, "" or ``NO_PRESET`` leaves the tree as it is."""
+    if not preset or preset == NO_PRESET:
+        return raw, source
+    overlay, path = load_preset(preset, folder)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return raw, source  # settings_from_dict reports the malformed params tree
+    return merge_overlay(raw, overlay), f"{source} with preset {preset} ({path})"
 
 
 @lru_cache(maxsize=1)
