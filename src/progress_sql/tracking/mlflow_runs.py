@@ -26,6 +26,7 @@ import math
 import os
 import re
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -48,7 +49,7 @@ PARENT_ENV = "PROGRESS_SQL_PARENT_RUN_ID"
 KIND_TAG = "progress_sql.kind"  # "pipeline" or "stage"
 STAGE_TAG = "progress_sql.stage"
 KEY_TAG = "progress_sql.pipeline_key"
-DATA_VERSION = "data_version"  # param on runs that saw a corpus (tag on a parent that learns it later)
+DATA_VERSION = "data_version"  # param on every run that saw a corpus, and on its pipeline run
 
 _configured: dict[str, str] = {}  # tracking URI → experiment id, per process
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")  # characters MLflow refuses in metric names
@@ -163,32 +164,36 @@ def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- runs
-def _pipeline_key(settings: Settings) -> tuple[str, str]:
-    """(key, run name) of the parent a standalone stage joins."""
+def _pipeline_key(settings: Settings, version: str | None = None) -> tuple[str, str]:
+    """(key, run name) of the parent a standalone stage joins: one per DVC experiment, else one
+    per configuration and data version (a corpus rebuilt under the same settings, by changed
+    code, starts a new pipeline run instead of joining one that names the old corpus)."""
     exp_name = os.environ.get("DVC_EXP_NAME")
     if exp_name:
         baseline = os.environ.get("DVC_EXP_BASELINE_REV", "")[:7]
         return f"dvc-exp:{exp_name}:{baseline}", f"dvc-exp-{exp_name}"
     digest = hashlib.sha256(json.dumps(settings_params(settings), sort_keys=True).encode()).hexdigest()[:12]
-    return f"params:{digest}", f"pipeline-{digest}"
+    return f"params:{digest}" + (f":data:{version}" if version else ""), f"pipeline-{digest}"
 
 
 def _standalone_parent(settings: Settings, experiment_id: str, corpus_dir: str | None) -> str:
     client = MlflowClient()
-    key, run_name = _pipeline_key(settings)
+    key, run_name = _pipeline_key(settings, data_version(corpus_dir or settings.data.out_dir))
     found = client.search_runs([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'",
                                order_by=["attributes.start_time DESC"], max_results=1)
     if found:
         return found[0].info.run_id
     run = client.create_run(experiment_id, run_name=run_name, tags={KIND_TAG: "pipeline", KEY_TAG: key})
-    _log_params_with(client, run.info.run_id, settings, corpus_dir)
+    _log_params_with(client, run.info.run_id, settings, corpus_dir or settings.data.out_dir)
     client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run.info.run_id
 
 
 def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corpus_dir: str | None) -> None:
+    """The flattened settings and, when ``corpus_dir`` is given (or, for a standalone parent,
+    found in ``data.out_dir``), its data version."""
     params = settings_params(settings)
-    version = data_version(corpus_dir or settings.data.out_dir)
+    version = data_version(corpus_dir) if corpus_dir else None
     if version:
         params[DATA_VERSION] = version
     items = list(params.items())
@@ -199,10 +204,12 @@ def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corp
 @contextmanager
 def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = None,
                  tags: Mapping[str, str] | None = None) -> Iterator[Run | None]:
-    """The parent run of one pipeline run: logs the flattened settings and the data version
-    (when the corpus is built); stages started inside nest under it, in this thread through
-    MLflow's active run, elsewhere through ``PROGRESS_SQL_PARENT_RUN_ID``. Yields None (and
-    logs nothing) when ``tracking.enabled`` is false."""
+    """The parent run of one pipeline run: logs the flattened settings; stages started inside
+    nest under it, in this thread through MLflow's active run, elsewhere through
+    ``PROGRESS_SQL_PARENT_RUN_ID``. Its data version is the corpus its stages see: the first
+    stage run that sees a built corpus logs it on the pipeline run (a corpus found at the start
+    may be rebuilt by the pipeline, or not be built yet), unless ``corpus_dir`` names it here.
+    Yields None (and logs nothing) when ``tracking.enabled`` is false."""
     if not settings.tracking.enabled:
         yield None
         return
@@ -246,8 +253,22 @@ def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | 
         version = data_version(corpus_dir or (settings.data.out_dir if settings else ""))
         if version:
             mlflow.log_param(DATA_VERSION, version)
-            MlflowClient().set_tag(_parent_id(run), DATA_VERSION, version)
+            _log_parent_data_version(_parent_id(run), version)
         yield run
+
+
+def _log_parent_data_version(parent_id: str, version: str) -> None:
+    """The data version as a param of the pipeline run (the first stage that sees a corpus
+    sets it; MLflow params are immutable) and as its tag (the latest). A later stage on another
+    corpus (a pipeline run that rebuilt its data half-way) keeps the param and warns."""
+    client = MlflowClient()
+    logged = client.get_run(parent_id).data.params.get(DATA_VERSION)
+    if logged is None:
+        client.log_param(parent_id, DATA_VERSION, version)
+    elif logged != version:
+        warnings.warn(f"pipeline run {parent_id} logged data_version {logged}; this stage sees {version} "
+                      "(the corpus changed during the pipeline run)", stacklevel=3)
+    client.set_tag(parent_id, DATA_VERSION, version)
 
 
 def _parent_id(run: Run) -> str:

@@ -1,12 +1,14 @@
-"""Training: policy loading, generation backends, SFT warm start, the RL trainer.
+"""Training: SFT warm start, the RL trainer, the tiny CPU policy, losses, checkpoints.
 
-Every module here may import torch and transformers; the task modules (sql/, odt/, rewards/,
-envs/) never import from here. This package file stays import-light (no torch at import), so
+Every module here may import torch and transformers; nothing below this package (the task
+module, ``inference``, ``eval``) imports from here. Generation and model loading are
+``progress_sql.inference``'s. This package file stays import-light (no torch at import), so
 ``import progress_sql.train`` is cheap; import the submodules you need:
 
-- ``train.policy``: ``load_policy``, ``chat_prompt_ids``, ``load_smollm2``
-- ``train.tiny``: ``train_tokenizer``, ``build_tiny_model`` (the CPU policy), ``copy_warmup``
-- ``train.generation``: ``Sample``, ``GenerationBackend``, ``TransformersBackend``,
-  ``VLLMBackend``, ``make_backend``
+- ``train.trainer``: ``run_rl`` (multi-turn GRPO / GSPO / Dr.GRPO)
+- ``train.trajectories``: an episode as the token ids, mask and log-probs the trainer consumes
+- ``train.losses``: group advantages, the GRPO / GSPO losses
 - ``train.sft``: ``build_sft_examples``, ``run_sft``, ``greedy_ex``
+- ``train.tiny``: ``train_tokenizer``, ``build_tiny_model`` (the CPU policy), ``copy_warmup``
+- ``train.checkpoint``, ``train.distributed``: resumable checkpoints, DeepSpeed or plain torch
 """

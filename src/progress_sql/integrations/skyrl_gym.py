@@ -1,0 +1,137 @@
+"""SkyRL-gym (PyPI ``skyrl-gym``): the two multi-turn protocols as text environments.
+
+    from progress_sql.integrations import skyrl_gym as progress_envs
+    progress_envs.register()                     # ids progress-sql-odt, progress-sql-sql-tool
+    env = skyrl_gym.make("progress-sql-odt", env_config={...}, extras=row)
+
+``ODTFeedbackEnv`` (``progress-sql-odt``: Algorithm 1, recipe ``progress``) and ``SQLToolEnv``
+(``progress-sql-sql-tool``: the SQL tool loop, recipe ``sql_trail``) subclass SkyRL-gym's
+``BaseTextEnv``. ``step(action)`` returns its ``BaseTextEnvStepOutput``: the environment's
+reply as ``observations`` (one user message, none when done), ``reward`` 0.0 until the episode
+ends and then the recipe's reward of the whole episode, ``done``, and ``metadata`` (the turn's
+diagnostics; at the end the reward's components, ``correct`` and ``reason``).
+
+Constructor arguments, as SkyRL's generator passes them:
+
+- ``extras`` (the dataset row): the gold query as ``reward_spec.ground_truth`` (or
+  ``gold_sql``), the database as ``db_path`` (top level or in ``extra_info``), optionally
+  ``db_id``, ``question``, ``difficulty``, ``evidence``, ``example_id`` (same places), and
+  ``max_turns`` (SkyRL's ``generator.max_turns``: T of Algorithm 1, the SQL tool budget);
+- ``env_config``: ``recipe`` (a recipe of the protocol's output format) and ``settings`` (the
+  task sections as a mapping, e.g. ``{"sandbox": {"timeout_s": 5}}``; default the built-in).
+
+Bad input never raises: a missing database or gold makes the first step end the episode with
+the recipe's floor reward and ``metadata["reason"]``. The classes are built on first access (a
+module ``__getattr__``), which is when ``skyrl_gym`` is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from progress_sql.integrations.sessions import PROTOCOLS, EpisodeSession
+from progress_sql.integrations.tasks import task_rows
+
+ENV_IDS = {"progress-sql-odt": "ODTFeedbackEnv", "progress-sql-sql-tool": "SQLToolEnv"}
+_PROTOCOL_OF = {"ODTFeedbackEnv": "odt", "SQLToolEnv": "sql_tool"}
+_built: dict[str, type] = {}
+
+
+def register() -> None:
+    """Register both environments with ``skyrl_gym`` under ``ENV_IDS`` (again: no-op)."""
+    import skyrl_gym  # noqa: PLC0415 - the framework is imported only when used
+
+    for env_id, cls_name in ENV_IDS.items():
+        if env_id not in skyrl_gym.registry:
+            skyrl_gym.register(id=env_id, entry_point=f"{__name__}:{cls_name}")
+
+
+def plain(value: Any) -> Any:
+    """A config value (OmegaConf ``DictConfig``/``ListConfig`` included) as dicts and lists."""
+    if hasattr(value, "items"):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [plain(v) for v in value]
+    return value
+
+
+def row_columns(extras: dict[str, Any]) -> dict[str, Any]:
+    """The example's columns from a SkyRL row: top level first, then ``extra_info``."""
+    info = extras.get("extra_info") if isinstance(extras.get("extra_info"), dict) else {}
+    spec = extras.get("reward_spec") if isinstance(extras.get("reward_spec"), dict) else {}
+    names = ("db_path", "db_id", "question", "difficulty", "evidence", "example_id")
+    columns = {name: extras.get(name, info.get(name, "")) for name in names}
+    columns["gold_sql"] = spec.get("ground_truth", extras.get("gold_sql", info.get("gold_sql")))
+    return columns
+
+
+def dataset_rows(corpus_dir: str, split: str = "train", env_id: str = "progress-sql-odt", recipe: str | None = None,
+                 settings: Any = None, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """SkyRL's dataset rows for ``env_id``: ``data_source``, ``prompt`` (the environment's
+    round-1 messages), ``env_class``, ``reward_spec`` (rule, gold) and ``extra_info`` (the
+    database path and the example's columns); write them with ``datasets`` or pandas to
+    the parquet files ``data.train_data`` names."""
+    protocol = PROTOCOLS[_PROTOCOL_OF[ENV_IDS[env_id]]]
+    rows = []
+    for index, row in enumerate(task_rows(corpus_dir, split, recipe or protocol.recipe, settings, env=protocol.env,
+                                          limit=limit)):
+        rows.append({
+            "data_source": "progress_sql",
+            "prompt": row["prompt"],
+            "env_class": env_id,
+            "reward_spec": {"method": "rule", "ground_truth": row["gold_sql"]},
+            "extra_info": {**{k: v for k, v in row.items() if k not in ("prompt", "gold_sql")},
+                           "split": split, "index": index},
+        })
+    return rows
+
+
+def _build(cls_name: str) -> type:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: PLC0415
+
+    protocol = _PROTOCOL_OF[cls_name]
+
+    class _Env(BaseTextEnv):
+        def __init__(self, env_config: Any = None, extras: Any = None) -> None:
+            super().__init__()
+            config, extras = plain(env_config) or {}, plain(extras) or {}
+            self.session = EpisodeSession(protocol, config.get("recipe"), config.get("settings"),
+                                          max_turns=extras.get("max_turns"))
+            columns = row_columns(extras)
+            self.first_prompt = self.session.start(columns.pop("db_path"), columns.pop("gold_sql"), **columns)
+            self.max_turns = self.session.max_turns
+
+        def init(self, prompt: Any) -> tuple[list, dict[str, Any]]:
+            """The dataset's prompt (the environment's round-1 messages when it has none)."""
+            return (prompt if prompt else self.first_prompt), {}
+
+        def step(self, action: str) -> BaseTextEnvStepOutput:
+            reply = self.session.step(action)
+            self.turns += int(reply.counted)
+            if not reply.done:
+                return BaseTextEnvStepOutput(observations=[{"role": "user", "content": reply.text}],
+                                             reward=0.0, done=False, metadata=reply.info)
+            scored = self.session.score()
+            return BaseTextEnvStepOutput(
+                observations=[], reward=scored.total, done=True,
+                metadata={**reply.info, "components": scored.components, "correct": scored.correct,
+                          "turns": scored.turns, "reason": scored.reason, "recipe": self.session.recipe.name},
+            )
+
+        def get_metrics(self) -> dict[str, Any]:
+            scored = self.session.score()
+            return {"correct": float(scored.correct), "turns": scored.turns, "floored": float(scored.floored),
+                    **scored.components}
+
+    _Env.__name__ = _Env.__qualname__ = cls_name
+    _Env.__module__ = __name__
+    _Env.__doc__ = f"The {protocol} protocol as a SkyRL-gym text environment (see the module notes)."
+    return _Env
+
+
+def __getattr__(name: str) -> type:
+    if name in _PROTOCOL_OF:
+        if name not in _built:
+            _built[name] = _build(name)
+        return _built[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

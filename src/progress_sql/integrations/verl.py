@@ -1,0 +1,213 @@
+"""verl (PyPI ``verl``, 0.7.1: the last release with ``verl.interactions``): reward hook,
+multi-turn interaction and data preparation.
+
+- ``compute_score(data_source, solution_str, ground_truth, extra_info)``: the custom reward
+  function (``reward.custom_reward_function.path=pkg://progress_sql.integrations.verl``,
+  ``name=compute_score``). The database path comes from ``extra_info["db_path"]``, the recipe
+  from the ``recipe`` keyword (``custom_reward_function.reward_kwargs``), else
+  ``extra_info["recipe"]``, else ``progress``. It returns a dict: ``score`` and the recipe's
+  components, ``correct``, ``turns`` and ``reason`` ('' or why the floor was given), the same
+  keys for every call, as verl's reward managers require to batch ``reward_extra_info``.
+- ``ODTFeedbackInteraction``: Algorithm 1 as a verl interaction (a ``BaseInteraction``),
+  named ``progress_sql_odt`` in the interaction config. Each call of ``generate_response``
+  judges the last assistant message as the next turn and answers with the ODT feedback; it
+  ends the rollout at the first correct turn or after T turns. Its turn score is the recipe's
+  reward of the episode so far, so the last one is the episode's reward; ``compute_score``
+  returns it for rows whose ``extra_info["turn_scores"]`` verl filled. verl 0.7.1 drops an
+  interaction's metadata, so for those rows the components and ``correct`` are NaN (the
+  interaction's ``generate_response`` metadata has them).
+- ``export_parquet``: a corpus as verl's RL parquet files (``progress-sql data export-verl``).
+
+verl's agent loop must not cut the episode short: leave ``multi_turn.max_assistant_turns``
+unset or above T (verl stops before asking the interaction otherwise), and give
+``response_length`` room for T turns and their feedback.
+
+verl is imported only when ``ODTFeedbackInteraction`` is first looked up (a module
+``__getattr__``), pandas only by ``export_parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from progress_sql.integrations.scoring import (
+    Scored,
+    check_task,
+    floor,
+    resolve_recipe,
+    score_completion,
+    task_settings,
+)
+from progress_sql.integrations.sessions import EpisodeSession
+from progress_sql.integrations.tasks import task_rows
+from progress_sql.rewards.types import Recipe
+
+DATA_SOURCE = "progress_sql"
+INTERACTION_NAME = "progress_sql_odt"
+_built: dict[str, type] = {}
+
+
+def _info(extra_info: Any) -> dict[str, Any]:
+    return extra_info if isinstance(extra_info, dict) else {}
+
+
+def _recipe_of(recipe: str | Recipe | None, info: dict[str, Any]) -> Recipe:
+    return resolve_recipe(recipe or info.get("recipe") or "progress")
+
+
+def result_dict(scored: Scored, recipe: Recipe) -> dict[str, Any]:
+    """What ``compute_score`` returns for one response: ``score`` first (verl reads it), then
+    the components, ``correct``, ``turns`` and ``reason``."""
+    return {"score": scored.total, **{name: scored.components.get(name, math.nan) for name in recipe.components},
+            "correct": float(scored.correct), "turns": scored.turns, "reason": scored.reason}
+
+
+def _interaction_result(info: dict[str, Any], recipe: Recipe, settings: Any, ground_truth: Any) -> dict[str, Any] | None:
+    """The episode's result when the ODT interaction scored it (its last turn score), else None."""
+    turn_scores = info.get("turn_scores")
+    if turn_scores is None or len(turn_scores) == 0:
+        return None
+    problem = check_task(info.get("db_path"), ground_truth, settings)
+    if problem:
+        return result_dict(floor(recipe, settings, problem, len(turn_scores)), recipe)
+    score = float(turn_scores[-1])
+    out = {"score": score, **{name: math.nan for name in recipe.components}}
+    return {**out, "correct": math.nan, "turns": len(turn_scores), "reason": ""}
+
+
+def compute_score(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any = None, *,
+                  recipe: str | Recipe | None = None, settings: Any = None, **_: Any) -> dict[str, Any]:
+    """verl's custom reward function (module notes); ``recipe`` and ``settings`` (the task
+    sections as a mapping) may come from ``custom_reward_function.reward_kwargs``, other
+    keywords verl adds are ignored. Never raises for any row (an unknown recipe name, a
+    configuration error, raises KeyError)."""
+    info = _info(extra_info)
+    settings = task_settings(settings)
+    try:
+        recipe = _recipe_of(recipe, info)
+    except KeyError as err:
+        if recipe is not None:  # the configuration's recipe: a setup error, not a row's
+            raise
+        progress = resolve_recipe("progress")
+        return result_dict(floor(progress, settings, f"error: extra_info: {err.args[0]}"), progress)
+    try:
+        episode = _interaction_result(info, recipe, settings, ground_truth)
+    except Exception as err:  # verl's loop gets a number whatever the row holds
+        episode = result_dict(floor(recipe, settings, f"error: {type(err).__name__}: {err}"), recipe)
+    if episode is not None:
+        return episode
+    scored = score_completion(solution_str, info.get("db_path"), ground_truth, recipe, settings,
+                              question=info.get("question", ""), difficulty=info.get("difficulty", ""),
+                              db_id=info.get("db_id", ""))
+    return result_dict(scored, recipe)
+
+
+# ----------------------------------------------------------------------------- interaction
+def _last_assistant_text(messages: Any) -> Any:
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return message.get("content")
+    return None
+
+
+def _build_interaction() -> type:
+    from verl.interactions.base import BaseInteraction  # noqa: PLC0415 - verl only when used
+
+    class ODTFeedbackInteraction(BaseInteraction):
+        """Progress-SQL's Algorithm 1 as a verl interaction (see the module notes).
+
+        ``config`` (the interaction config's ``config``): ``recipe`` (default ``progress``),
+        ``max_turns`` (T; default ``env.max_turns``), ``settings`` (the task sections as a
+        mapping). A row's ``interaction_kwargs``: ``name``, ``db_path``, ``gold_sql`` and the
+        example's columns (``export_parquet`` writes them).
+        """
+
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            self.recipe = config.get("recipe") or "progress"
+            self.task_settings = task_settings(config.get("settings"))
+            self.max_turns = config.get("max_turns")
+            self._sessions: dict[str, EpisodeSession] = {}
+
+        async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
+            instance_id = await super().start_interaction(instance_id)
+            session = EpisodeSession("odt", self.recipe, self.task_settings, max_turns=self.max_turns)
+            columns = {k: v for k, v in kwargs.items() if k not in ("name", "db_path", "gold_sql")}
+            session.start(kwargs.get("db_path"), kwargs.get("gold_sql"), **columns)
+            self._sessions[instance_id] = session
+            return instance_id
+
+        async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
+                                    **kwargs: Any) -> tuple[bool, str, float, dict[str, Any]]:
+            session = self._sessions.get(instance_id)
+            if session is None:  # never started: end the rollout at the floor
+                recipe = resolve_recipe(self.recipe)
+                scored = floor(recipe, self.task_settings, "error: interaction not started")
+                return True, "", scored.total, {"reason": scored.reason}
+            reply = session.step(_last_assistant_text(messages))
+            scored = session.score()
+            metadata = {**reply.info, "components": scored.components, "correct": scored.correct,
+                        "reason": scored.reason}
+            return session.done, (reply.text if not session.done else ""), scored.total, metadata
+
+        async def calculate_score(self, instance_id: str | None = None, **kwargs: Any) -> float:
+            session = self._sessions.get(instance_id) if instance_id is not None else None
+            return session.score().total if session is not None else 0.0
+
+        async def finalize_interaction(self, instance_id: str | None = None, **kwargs: Any) -> None:
+            self._sessions.pop(instance_id, None)
+
+    ODTFeedbackInteraction.__module__ = __name__
+    return ODTFeedbackInteraction
+
+
+def __getattr__(name: str) -> type:
+    if name == "ODTFeedbackInteraction":
+        if name not in _built:
+            _built[name] = _build_interaction()
+        return _built[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------- data
+def verl_rows(corpus_dir: str | Path, split: str, recipe: str | Recipe = "progress", settings: Any = None, *,
+              limit: int | None = None) -> list[dict[str, Any]]:
+    """verl's RL rows of a corpus split: ``data_source``, ``prompt`` (the round-1 chat of the
+    ODT environment for ``recipe``'s format), ``ability``, ``reward_model`` (rule, gold) and
+    ``extra_info`` (``db_path``, the example's columns, ``recipe``, ``index`` and the
+    ``interaction_kwargs`` of ``ODTFeedbackInteraction``). One file serves single-turn and
+    multi-turn runs: the round-1 prompt is the same."""
+    recipe = resolve_recipe(recipe)
+    rows = []
+    for index, row in enumerate(task_rows(corpus_dir, split, recipe, settings, env="single_turn", limit=limit)):
+        columns = {k: row[k] for k in ("db_path", "db_id", "question", "difficulty", "evidence", "example_id")}
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": row["prompt"],
+            "ability": "text2sql",
+            "reward_model": {"style": "rule", "ground_truth": row["gold_sql"]},
+            "extra_info": {**columns, "split": split, "index": index, "recipe": recipe.name,
+                           "interaction_kwargs": {"name": INTERACTION_NAME, "gold_sql": row["gold_sql"], **columns}},
+        })
+    return rows
+
+
+def export_parquet(corpus_dir: str | Path, out_dir: str | Path, splits: Sequence[str] = ("train", "dev"),
+                   recipe: str | Recipe = "progress", settings: Any = None, *,
+                   limit: int | None = None) -> dict[str, Path]:
+    """Write ``<split>.parquet`` of ``verl_rows`` for each split into ``out_dir``; return the
+    paths. verl reads them with ``data.train_files`` / ``data.val_files``."""
+    import pandas as pd  # noqa: PLC0415 - the data extra, only when exporting
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for split in splits:
+        path = out / f"{split}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pd.DataFrame(verl_rows(corpus_dir, split, recipe, settings, limit=limit)).to_parquet(tmp, index=False)
+        tmp.replace(path)  # atomic: a crash never leaves a half-written file
+        written[split] = path
+    return written

@@ -1,0 +1,355 @@
+"""The local servers of the UI path: a Prefect server, the deployments of ``flows/serve.py``
+served against it, and an MLflow server on the project's tracking store, all on 127.0.0.1.
+
+``progress-sql ui`` runs the three in the foreground (``run_ui``); the deployment test and
+scripts/screenshots.py use the same context managers. Each server is started in its own
+session, its output in a log file, and stopped (SIGINT, then SIGKILL of its process group)
+however the block ends. What a user trips over is set here once:
+
+- the Prefect UI asks the API at ``PREFECT_SERVER_UI_API_URL`` (default port 4200 whatever
+  port the server listens on), and ``flows/serve.py`` registers with ``PREFECT_API_URL``: both
+  are set to the server's own port;
+- the MLflow store is an absolute URI (``sqlite:////abs/mlruns/mlflow.db``), so the UI shows
+  the project's runs from any working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+# The deployments flows/serve.py serves (it builds them under these names).
+DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model")
+PREFECT_PORT = 4200  # Prefect's and MLflow's usual ports
+MLFLOW_PORT = 5000
+# Offline and quiet (the Makefile exports the same); a value already in the environment wins.
+QUIET_ENV = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+    "GX_ANALYTICS_ENABLED": "false",
+    "HF_HUB_OFFLINE": "1",
+}
+_CHECKOUT = Path(__file__).resolve().parents[2]  # the repository of an editable install
+
+
+class ServerError(RuntimeError):
+    """A server did not start, or stopped on its own (the message ends with its log's tail)."""
+
+
+# ----------------------------------------------------------------------------- processes
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Process:
+    """A started command, its name and its log file."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check(self) -> None:
+        """ServerError when the process has exited."""
+        if self.popen.poll() is not None:
+            raise ServerError(f"{self.name} exited with {self.popen.returncode} (log {self.log}):\n{self.tail()}")
+
+
+def start(name: str, cmd: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> Process:
+    """``cmd`` in its own session (a Ctrl-C in the terminal does not reach it; ``stop`` does),
+    stdout and stderr to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as out:  # the child keeps its own descriptor
+        popen = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return Process(name, popen, log)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop(process: Process, grace_s: float = 15.0) -> None:
+    """SIGINT (twice: a Prefect runner may need it), then SIGKILL the whole process group."""
+    proc = process.popen
+    for sig, wait_s in ((signal.SIGINT, grace_s / 2), (signal.SIGINT, grace_s / 2)):
+        if proc.poll() is not None:
+            break
+        _signal_group(proc, sig)
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    _signal_group(proc, signal.SIGKILL)  # stragglers of the group (flow-run subprocesses, workers)
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+def wait_healthy(url: str, process: Process, timeout_s: float) -> None:
+    """Poll ``url`` until it answers 200; ServerError when the process exits or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        process.check()
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise ServerError(f"{process.name}: {url} not healthy after {timeout_s:.0f} s (log {process.log}):\n{process.tail()}")
+
+
+def project_root(start_dir: str | Path | None = None) -> Path:
+    """The repository whose ``flows/serve.py`` serves the deployments: ``start_dir`` (default
+    the working directory) or a folder above it, else the checkout this package is installed
+    from; FileNotFoundError when there is none."""
+    here = Path(start_dir or Path.cwd()).resolve()
+    for folder in (here, *here.parents, _CHECKOUT):
+        if (folder / "flows" / "serve.py").is_file() and (folder / "params.yaml").is_file():
+            return folder
+    raise FileNotFoundError("no flows/serve.py found: run this from the progress-sql repository")
+
+
+def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {**QUIET_ENV, **os.environ, **(extra or {})}
+
+
+# ----------------------------------------------------------------------------- Prefect
+@dataclass
+class PrefectStack:
+    """A running Prefect server; ``env`` is what a client process needs to talk to it."""
+
+    url: str  # http://127.0.0.1:PORT (the UI)
+    env: dict[str, str]
+    log_dir: Path
+    process: Process
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/api"
+
+
+def prefect_env(port: int, home: str | Path | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Prefect server on ``port`` and of its clients: the API and the UI's
+    API both at that port (``PREFECT_HOME`` = ``home`` when given)."""
+    api = f"http://127.0.0.1:{port}/api"
+    return _env({**(extra or {}), "PREFECT_API_URL": api, "PREFECT_SERVER_UI_API_URL": api,
+                 **({"PREFECT_HOME": str(home)} if home else {})})
+
+
+@contextmanager
+def prefect_server(log_dir: Path, *, port: int | None = None, home: str | Path | None = None,
+                   extra_env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Iterator[PrefectStack]:
+    """``prefect server start`` on ``port`` (default a free one) until healthy."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = prefect_env(port, home, extra_env)
+    server = start("prefect server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(port)], env, log_dir / "prefect-server.log", cwd=log_dir)
+    try:
+        wait_healthy(f"{url}/api/health", server, timeout_s)
+        yield PrefectStack(url, env, log_dir, server)
+    finally:
+        stop(server)
+
+
+def api_post(api: str, path: str, body: dict[str, Any], attempts: int = 5) -> Any:
+    """POST to the Prefect API; a busy SQLite-backed server answers 503 now and then: retried."""
+    import httpx
+
+    for attempt in range(1, attempts + 1):
+        response = httpx.post(f"{api}{path}", json=body, timeout=30)
+        if response.status_code != 503 or attempt == attempts:
+            response.raise_for_status()
+            return response.json()
+        time.sleep(1.0)
+
+
+@dataclass
+class Served:
+    """``flows/serve.py`` running: deployment name → id, and its process."""
+
+    ids: dict[str, str]
+    process: Process
+
+
+@contextmanager
+def served_deployments(stack: PrefectStack, names: tuple[str, ...] = DEPLOYMENTS, *, root: Path | None = None,
+                       limit: int = 1, extra_env: Mapping[str, str] | None = None,
+                       timeout_s: float = 120.0) -> Iterator[Served]:
+    """``python flows/serve.py`` of ``root`` (default ``project_root()``) against ``stack``,
+    once all of ``names`` are registered."""
+    root = root or project_root()
+    env = {**stack.env, **(extra_env or {})}
+    serve = start("flows/serve.py", [sys.executable, str(root / "flows" / "serve.py"), "--limit", str(limit)], env,
+                  stack.log_dir / "serve.log", cwd=root)
+    try:
+        deadline = time.monotonic() + timeout_s
+        found: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            serve.check()
+            found = {d["name"]: d["id"] for d in api_post(stack.api, "/deployments/filter", {})}
+            if all(name in found for name in names):
+                break
+            time.sleep(1.0)
+        else:
+            raise ServerError(f"deployments {names} not served after {timeout_s:.0f} s (have {sorted(found)}):\n"
+                              f"{serve.tail()}")
+        yield Served(found, serve)
+    finally:
+        stop(serve)  # before the server: the runner pauses its deployments on the way out
+
+
+# ----------------------------------------------------------------------------- MLflow
+def mlflow_store_uri(root: Path) -> str:
+    """The project's tracking store as ``progress_sql.tracking.tracking_uri`` resolves it from
+    the project root: ``MLFLOW_TRACKING_URI``, else ``tracking.tracking_uri`` of its
+    params.yaml, else ``sqlite:///<root>/mlruns/mlflow.db``; a relative SQLite path made absolute."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri and (root / "params.yaml").is_file():
+        from progress_sql.config import SettingsError, load_settings
+
+        try:
+            uri = load_settings(root / "params.yaml").tracking.tracking_uri
+        except SettingsError:
+            uri = ""
+    uri = uri or "sqlite:///mlruns/mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{(root / uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+@dataclass
+class MlflowServer:
+    url: str  # the UI, and the value for MLFLOW_TRACKING_URI
+    store: str
+    process: Process
+
+
+@contextmanager
+def mlflow_server(log_dir: Path, store: str, *, port: int | None = None, hostnames: tuple[str, ...] = (),
+                  timeout_s: float = 120.0) -> Iterator[MlflowServer]:
+    """``mlflow server`` on ``store`` (a SQLite URI; artifacts of new experiments beside the
+    database, as ``progress_sql.tracking`` keeps them) on ``port`` (default a free one).
+    ``hostnames``: other names a browser may use for 127.0.0.1 (MLflow refuses a Host header
+    it does not know)."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--host", "127.0.0.1",
+           "--port", str(port), "--workers", "1"]
+    if store.startswith("sqlite:///"):
+        db = Path(store[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        cmd += ["--artifacts-destination", str(db.parent / "artifacts")]
+    if hostnames:
+        allowed = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", *hostnames, *(f"{h}:*" for h in hostnames)]
+        cmd += ["--allowed-hosts", ",".join(allowed), "--cors-allowed-origins", ",".join(f"http://{h}:*" for h in hostnames)]
+    server = start("mlflow server", cmd, _env(), log_dir / "mlflow-server.log", cwd=log_dir)
+    try:
+        wait_healthy(f"{url}/health", server, timeout_s)
+        yield MlflowServer(url, store, server)
+    finally:
+        stop(server)
+
+
+# ----------------------------------------------------------------------------- progress-sql ui
+def run_ui(*, port: int = PREFECT_PORT, mlflow_port: int | None = MLFLOW_PORT, root: Path | None = None,
+           log_dir: Path | None = None, limit: int = 1, echo: Callable[[str], None] = print) -> int:
+    """Start MLflow (unless ``mlflow_port`` is None, or the store is a server already), a
+    Prefect server on ``port`` and the deployments, print the URLs and wait; Ctrl-C (or
+    SIGTERM) stops them (the deployments first). The exit code: 0 after Ctrl-C, 1 when a
+    server failed or stopped on its own."""
+    root = root or project_root()
+    busy = [p for p in (port, mlflow_port) if p and port_in_use(p)]
+    if busy:
+        echo(f"error: port {busy[0]} on 127.0.0.1 is in use (a server already running?); choose another with "
+             f"{'--port' if busy[0] == port else '--mlflow-port'}")
+        return 1
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="progress-sql-ui-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    store = mlflow_store_uri(root)
+    watched: list[Process] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Handled, not merely inherited: a shell's background job starts with SIGINT ignored, which
+    # the servers would inherit; a handled signal is reset to the default in each child.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    servers = ExitStack()
+    code = 0
+    try:
+        lines = []
+        if mlflow_port and not store.startswith(("http://", "https://")):
+            echo(f"starting MLflow on port {mlflow_port} (store {store}) ...")
+            mlflow = servers.enter_context(mlflow_server(log_dir, store, port=mlflow_port))
+            watched.append(mlflow.process)
+            lines.append(f"MLflow UI     {mlflow.url}   (store {store})")
+        elif store.startswith(("http://", "https://")):
+            lines.append(f"MLflow        {store}   (MLFLOW_TRACKING_URI)")
+        echo(f"starting the Prefect server on port {port} ...")
+        stack = servers.enter_context(prefect_server(log_dir, port=port))
+        watched.append(stack.process)
+        echo("serving the deployments (flows/serve.py) ...")
+        served = servers.enter_context(served_deployments(stack, root=root, limit=limit))
+        watched.append(served.process)
+        echo("\n".join([
+            f"Prefect UI    {stack.url}/deployments   ({', '.join(sorted(served.ids))})",
+            f"Prefect API   {stack.api}   (PREFECT_API_URL for other shells)",
+            *lines,
+            f"logs          {log_dir}",
+            "Ctrl-C stops them.",
+        ]))
+        for process in watched:
+            echo(f"  {process.name}: pid {process.popen.pid}")
+        while True:
+            for process in watched:
+                process.check()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        echo("stopping ...")
+    except (ServerError, FileNotFoundError) as err:
+        echo(f"error: {err}")
+        code = 1
+    finally:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        try:
+            servers.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    echo("stopped.")
+    return code

@@ -1,0 +1,247 @@
+"""What every framework adapter (progress_sql.integrations) shares: importing them imports no
+framework, bad input gets the recipe's floor with a reason and never raises, no database is
+ever written, the sandbox's timeout bounds a call, and batched scoring (through the SQL process
+pool) gives the one-by-one rewards. The helpers here are used by the per-framework test files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from progress_sql import envs, rewards
+from progress_sql.envs.settings import TaskSettings
+from progress_sql.formats import answer_text
+from progress_sql.integrations import scoring, sessions
+from progress_sql.integrations.tasks import example_from_row
+from progress_sql.integrations import trl as trl_adapter
+from progress_sql.integrations import verl as verl_adapter
+from progress_sql.sql import SQLPool
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_DATA = {"n_databases": 3, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
+              "test_size": 4, "neighbours": 0, "rows_scale": 0.3}
+GOLD = "SELECT name FROM student WHERE age > 21"
+WRONG = "SELECT name FROM student"
+RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+# ----------------------------------------------------------------------------- helpers
+def answer(sql: str, fmt: str = "think_sql") -> str:
+    """A well-formed output holding ``sql``."""
+    return answer_text(fmt, "reasoning", sql)
+
+
+def build_small_corpus(root: Path) -> Path:
+    """A generated corpus of three small databases (build_corpus, ~0.2 s)."""
+    from progress_sql.config import settings_from_dict
+    from progress_sql.data.build import build_corpus
+
+    out = root / "corpus"
+    build_corpus(settings_from_dict({"data": SMALL_DATA}), out, progress=False)
+    return out
+
+
+def python_blocks(doc: str) -> list[str]:
+    """The ```python blocks of a docs page, in order."""
+    return re.findall(r"```python\n(.*?)```", (REPO / doc).read_text(encoding="utf-8"), re.DOTALL)
+
+
+def fenced_blocks(doc: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", (REPO / doc).read_text(encoding="utf-8"), re.DOTALL)
+
+
+def run_doc_block(code: str, name: str, monkeypatch, env: dict[str, str]) -> dict:
+    """Execute a docs block as a script with ``env`` set; return its globals."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    namespace = {"__name__": "__main__"}
+    exec(compile(code, name, "exec"), namespace)  # noqa: S102 - the docs' own example
+    return namespace
+
+
+def folder_state(folder: Path) -> dict[str, str]:
+    """Every file of ``folder`` with the sha256 of its bytes."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------- imports
+def test_importing_the_adapters_imports_no_framework():
+    code = ("import sys, json; import progress_sql.integrations; "
+            "from progress_sql.integrations import trl, verl, skyrl_gym; "
+            "mods = ['torch', 'trl', 'transformers', 'verl', 'skyrl_gym', 'mlflow', 'datasets', 'pandas', "
+            "'progress_sql.train', 'progress_sql.config', 'progress_sql.inference']; "
+            "print(json.dumps({m: m in sys.modules for m in mods}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    assert not any(loaded.values()), loaded
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.fixture()
+def broken_cases(school_db: Path) -> dict[str, tuple[str, Path, str, str]]:
+    """kind -> (completion, database, gold, reason prefix)."""
+    return {
+        "no tags": ("SELECT name FROM student", school_db, GOLD, "no_sql"),
+        "missing database": (answer(GOLD), school_db.parent / "absent.sqlite", GOLD, "no_database"),
+        "gold fails": (answer(GOLD), school_db, "SELECT name FROM no_such_table", "gold_failed"),
+        "gold writes": (answer(GOLD), school_db, "DELETE FROM student", "gold_failed"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails", "gold writes"])
+@pytest.mark.parametrize("recipe", ["progress", "oneshot", "reasoning_sql"])
+def test_bad_input_gets_the_floor_and_a_reason_in_every_single_turn_adapter(broken_cases, kind, recipe):
+    text, db, gold, reason = broken_cases[kind]
+    recipe_ = rewards.get(recipe)
+    text = text if recipe == "progress" or kind == "no tags" else answer(GOLD, recipe_.fmt)
+    low = recipe_.min_reward()
+
+    scored = scoring.score_completion(text, db, gold, recipe)
+    assert (scored.total, scored.reason.split(":")[0]) == (low, reason)
+    assert set(scored.components) == set(recipe_.components) and not any(scored.components.values())
+
+    reward = trl_adapter.reward_function(recipe)
+    assert reward([[]], [[{"role": "assistant", "content": text}]], db_path=[str(db)], gold_sql=[gold]) == [low]
+
+    out = verl_adapter.compute_score("progress_sql", text, gold, {"db_path": str(db)}, recipe=recipe)
+    assert (out["score"], out["reason"].split(":")[0]) == (low, reason)
+    assert out["correct"] == 0.0 and all(out[c] == 0.0 for c in recipe_.components)
+
+
+@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails"])
+def test_bad_input_gets_the_floor_and_a_reason_in_every_episode(broken_cases, kind):
+    text, db, gold, reason = broken_cases[kind]
+    low = rewards.get("progress").min_reward()
+    session = sessions.EpisodeSession("odt")
+    session.start(db, gold)
+    while not session.done:  # no-tag turns are turns: the episode runs to T, then scores the floor
+        session.step(text)
+    scored = session.score()
+    assert (scored.total, scored.reason.split(":")[0]) == (low, reason)
+
+    env = trl_adapter.ODTFeedbackEnvironment()
+    env.reset(db_path=str(db), gold_sql=gold)
+    for _ in range(5):
+        env.submit_answer(text)
+    assert trl_adapter.episode_reward([[]], [[]], environments=[env]) == [low]
+
+
+def test_odd_values_never_raise(school_db):
+    odd = [None, 7, b"<sql>SELECT 1</sql>", {"sql": 1}, "x" * 300_000, "<sql>\x00</sql>", "<sql>" * 5000, ""]
+    reward = trl_adapter.reward_function("progress")
+    values = reward([[]] * len(odd), odd, db_path=[str(school_db)] * len(odd), gold_sql=[GOLD] * len(odd))
+    assert len(values) == len(odd) and all(math.isfinite(v) for v in values)
+    assert reward([[]], ["<think>a</think><sql>SELECT 1</sql>"]) == [rewards.get("progress").min_reward()]
+    for text in odd:
+        assert math.isfinite(verl_adapter.compute_score("x", text, GOLD, {"db_path": str(school_db)})["score"])
+    for info in (None, [], "nope", {"db_path": 3}, {"db_path": None, "turn_scores": []}):
+        assert verl_adapter.compute_score("x", answer(GOLD), GOLD, info)["reason"].startswith("no_database")
+    unknown = verl_adapter.compute_score("x", answer(GOLD), GOLD, {"db_path": str(school_db), "recipe": "nope"})
+    assert unknown["reason"].startswith("error") and unknown["score"] == rewards.get("progress").min_reward()
+    for gold in (None, 5, ""):
+        assert verl_adapter.compute_score("x", answer(GOLD), gold, {"db_path": str(school_db)})["reason"]
+    session = sessions.EpisodeSession("sql_tool")
+    session.start(school_db, GOLD)
+    assert session.step(None).counted is False and session.step(42).text == sessions.NOT_TEXT
+    assert session.turns == 0
+
+
+# ----------------------------------------------------------------------------- read-only
+WRITES = ["DELETE FROM student", "DROP TABLE student", "UPDATE student SET age = 0",
+          "INSERT INTO student VALUES (99, 'x', 1, 1)", "CREATE TABLE t (a)", "PRAGMA journal_mode = WAL",
+          "ATTACH DATABASE 'other.sqlite' AS o", "SELECT 1; DROP TABLE student", "VACUUM",
+          "WITH x AS (SELECT 1) DELETE FROM student"]
+
+
+def test_no_adapter_ever_writes_a_database(school_db):
+    before = folder_state(school_db.parent)
+    reward = trl_adapter.reward_function("oneshot")
+    texts = [answer(sql) for sql in WRITES]
+    values = reward([[]] * len(texts), texts, db_path=[str(school_db)] * len(texts), gold_sql=[GOLD] * len(texts))
+    assert values == [rewards.get("oneshot").weights().format] * len(texts)  # well-formed, never executed
+    for sql in WRITES:
+        assert verl_adapter.compute_score("x", answer(sql), GOLD, {"db_path": str(school_db)})["correct"] == 0.0
+        assert verl_adapter.compute_score("x", answer(GOLD), sql, {"db_path": str(school_db)})["reason"]
+    tool = trl_adapter.SQLToolEnvironment()
+    tool.reset(db_path=str(school_db), gold_sql=GOLD)
+    for sql in WRITES:
+        assert "Error" in tool.run_sql(f"<think>t</think><sql>{sql}</sql>")
+    assert folder_state(school_db.parent) == before  # same files, same bytes: no -wal, -journal, other.sqlite
+
+
+# ----------------------------------------------------------------------------- time
+def test_the_sandbox_timeout_bounds_a_call(school_db):
+    settings = TaskSettings.model_validate({"sandbox": {"timeout_s": 0.3}})
+    start = time.monotonic()
+    scored = scoring.score_completion(answer(RUNAWAY), school_db, GOLD, "oneshot", settings)
+    assert time.monotonic() - start < 3 * 0.3 + 1.0
+    assert not scored.reason and scored.components["executable"] == 0.0  # the model's fault: scored, not floored
+    start = time.monotonic()
+    scored = scoring.score_completion(answer(GOLD), school_db, RUNAWAY, "oneshot", settings)
+    assert time.monotonic() - start < 3 * 0.3 + 1.0
+    assert scored.reason.startswith("gold_failed: timeout") and scored.total == 0.0
+
+
+# ----------------------------------------------------------------------------- batches
+BATCH = [GOLD, WRONG, "SELECT DISTINCT name FROM student WHERE age > 21", "SELECT name FROM student WHERE age >= 22",
+         "SELECT nme FROM student", "SELECT name, age FROM student WHERE age > 21"]
+
+
+@pytest.mark.parametrize("recipe", ["progress", "oneshot", "reasoning_sql"])
+def test_a_batch_scores_as_one_by_one(school_db, recipe):
+    fmt = rewards.get(recipe).fmt
+    texts = [answer(sql, fmt) for sql in BATCH] + ["no tags", answer(GOLD, fmt)]
+    dbs, golds = [school_db] * len(texts), [GOLD] * len(texts)
+    dbs[-1] = school_db.parent / "absent.sqlite"
+    one_by_one = [scoring.score_completion(t, d, g, recipe) for t, d, g in zip(texts, dbs, golds)]
+    batched = scoring.score_batch(texts, dbs, golds, recipe)
+    assert [(s.total, s.components, s.reason) for s in batched] == [(s.total, s.components, s.reason)
+                                                                      for s in one_by_one]
+    assert one_by_one[0].correct and one_by_one[2].correct and not one_by_one[1].correct
+
+
+def test_a_batch_through_the_process_pool_scores_as_one_by_one(school_db):
+    texts = [answer(sql) for sql in BATCH] * 3
+    expected = [scoring.score_completion(t, school_db, GOLD).total for t in texts]
+    with SQLPool(2) as pool:
+        assert pool.uses_processes
+        reward = trl_adapter.reward_function("progress", pool=pool)
+        assert reward([[]] * len(texts), texts, db_path=[str(school_db)] * len(texts),
+                      gold_sql=[GOLD] * len(texts)) == expected
+
+
+# ----------------------------------------------------------------------------- episodes
+def test_an_episode_scores_as_the_project_rollout(school_db):
+    """sql_tool: a tool call, then the final answer; the reward is the recipe's on the
+    environment's own trajectory, and a step after the end is no turn."""
+    script = [answer("SELECT count(*) FROM student", "trail").replace("<solution>", "<sql>").replace("</solution>", "</sql>"),
+              answer(GOLD, "trail")]
+    session = sessions.EpisodeSession("sql_tool")
+    assert session.start(school_db, GOLD, question="Who is older than 21?")[1]["role"] == "user"
+    first = session.step(script[0])
+    assert not first.done and first.text.startswith("<observation>") and "30" in first.text
+    assert session.step(script[1]).done and session.step(script[1]).counted is False
+    reference = envs.get("exec_feedback")()
+    reference.reset(example_from_row(GOLD, question="Who is older than 21?"), school_db)
+    for text in script:
+        reference.step(text)
+    expected = rewards.get("sql_trail")(reference.episode.trajectory())
+    scored = session.score()
+    assert (scored.total, scored.components, scored.turns, scored.correct) == (expected.total, expected.components, 2,
+                                                                                True)
+
+
+def test_an_episode_needs_the_recipes_format():
+    with pytest.raises(ValueError, match="speaks"):
+        sessions.EpisodeSession("odt", "sql_trail")
+    with pytest.raises(ValueError, match="multi-turn"):
+        trl_adapter.reward_function("skyrl")

@@ -1,0 +1,78 @@
+"""The registries are the one list of names: settings are checked against them, callers look
+parts up in them, and each part owns its settings (a recipe its weights, an environment its
+formats). Also the output formats' one home."""
+
+from __future__ import annotations
+
+import pytest
+
+from progress_sql import envs, rewards
+from progress_sql.config import SettingsError, registered_names, settings_from_dict
+from progress_sql.envs import TaskSettings
+from progress_sql.formats import FORMATS, SINGLE_ANSWER_FORMATS, answer_tags, answer_text, parse_output, stop_strings
+from progress_sql.inference.settings import BACKENDS
+from progress_sql.rewards import RewardSettings, Trajectory, Turn
+
+
+@pytest.mark.parametrize(("key", "value", "known"), [
+    ("rl.recipe", "progres", "progress"),
+    ("rl.env", "odt", "odt_feedback"),
+    ("generation.backend", "sglang", "vllm"),
+    ("eval.multi_turn_env", "nope", "exec_feedback"),
+])
+def test_an_unregistered_name_is_refused_with_the_known_ones(key, value, known):
+    with pytest.raises(SettingsError, match=rf"{key}.*unknown .*{value!r}; known: .*{known}"):
+        settings_from_dict({}, overrides={key: value})
+
+
+def test_registered_names_come_from_the_registries():
+    names = registered_names()
+    assert names["rl.recipe"] == rewards.names() == ("progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl")
+    assert names["rl.env"] == envs.names()
+    assert names["generation.backend"] == BACKENDS
+    assert "odt_feedback" not in names["eval.multi_turn_env"]  # its feedback reads the gold
+    with pytest.raises(SettingsError, match="reads the gold"):
+        settings_from_dict({}, overrides={"eval.multi_turn_env": "odt_feedback"})
+
+
+def test_the_rewards_section_is_composed_of_each_recipes_own_weights():
+    assert tuple(RewardSettings.model_fields) == rewards.names()
+    for name in rewards.names():
+        recipe = rewards.get(name)
+        assert type(getattr(RewardSettings(), name)) is recipe.weights
+
+
+def test_a_recipe_reads_its_weights_from_any_settings_that_hold_them():
+    recipe = rewards.get("oneshot")
+    trajectory = Trajectory(turns=(Turn("<think>t</think><sql>SELECT 1</sql>", "SELECT 1", None, True),),
+                            gold_sql="SELECT 1")
+    doubled = recipe.weights(correct=4.0)
+    pipeline = settings_from_dict({"rewards": {"oneshot": {"correct": 4.0}}})
+    task = TaskSettings(rewards=RewardSettings(oneshot=doubled))
+    totals = {recipe(trajectory, s).total for s in (doubled, RewardSettings(oneshot=doubled), pipeline, task)}
+    assert totals == {4.5}  # correct 4.0 + format 0.5 (no execution result: not executable)
+    assert recipe(trajectory).total == 2.5  # the built-in weights
+    with pytest.raises(TypeError, match="oneshot: settings must be"):
+        recipe(trajectory, rewards.get("skyrl").weights())
+
+
+def test_an_environment_checks_the_format_it_is_asked_to_speak():
+    assert envs.get("single_turn").formats == SINGLE_ANSWER_FORMATS
+    assert envs.get("single_turn")(fmt="reasoning_answer").fmt == "reasoning_answer"
+    assert envs.get("odt_feedback")().fmt == "think_sql"
+    with pytest.raises(ValueError, match="odt_feedback: format must be one of think_sql"):
+        envs.get("odt_feedback")(fmt="trail")
+    assert [name for name in envs.names() if envs.get(name).reads_gold] == ["odt_feedback"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_renders_answers_it_parses_and_stops_after_them(fmt):
+    text = answer_text(fmt, " looked at t ", " SELECT a FROM t ")
+    parsed = parse_output(text, fmt)
+    assert parsed.well_formed and parsed.sql == "SELECT a FROM t"
+    assert text.endswith(f"</{answer_tags(fmt)[1]}>") and any(text.endswith(s) for s in stop_strings(fmt))
+
+
+def test_an_unknown_format_names_the_known_ones():
+    with pytest.raises(KeyError, match="unknown output format 'xml'; known: think_sql, reasoning_answer, trail"):
+        stop_strings("xml")
