@@ -1,15 +1,18 @@
 """Screenshots of the pipeline as a user sees it, taken with headless Chromium.
 
-Starts a throwaway stack (tests/local_stack.py): an MLflow server, a Prefect server and
-``flows/serve.py``; runs the ``training-pipeline`` deployment once with a tiny configuration
-(about a minute on a CPU), then photographs
+Starts a throwaway stack (progress_sql.servers, as ``progress-sql ui`` does, with its state in a
+temporary folder): an MLflow server, a Prefect server and ``flows/serve.py``; runs the
+``training-pipeline`` deployment twice with the cpu-demo preset (about a minute each on a CPU;
+the second with the one-shot recipe, for a comparison), then photographs
 
     prefect-deployments.png   the Prefect UI's deployments page: the three served deployments
-    prefect-custom-run.png    training-pipeline → Run → Custom run: the parameter form
+    prefect-custom-run.png    training-pipeline → Run → Custom run: preset, work_dir, overrides, ...
     prefect-flow-run.png      the finished flow run: its stages (task runs) and state
     prefect-evaluation.png    the run's ``evaluation`` markdown artifact: the evaluation tables
-    mlflow-model.png          the MLflow UI's registered model: version 1 with the champion alias
-    mlflow-pipeline-run.png   the MLflow pipeline run of that flow run: Prefect tags, stage runs
+    mlflow-training-runs.png  MLflow, experiment progress-sql, Model training → Training runs
+    mlflow-compare.png        the two pipeline runs compared: their params, data_version among them
+    mlflow-pipeline-run.png   the MLflow pipeline run of the first flow run: Prefect tags, stage runs
+    mlflow-model.png          the registered model progress-sql-policy-demo: versions, @champion
 
 into docs/screenshots/ (palette PNGs, well under 300 KB each), and stops everything.
 
@@ -21,30 +24,34 @@ Needs Debian's ``chromium`` (``apt-get install chromium``); nothing leaves 127.0
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the throwaway stack of the deployment test
 
 from local_stack import (  # noqa: E402
+    DEPLOYMENTS,
     create_flow_run,
     flow_run_logs,
     mlflow_server,
     prefect_server,
     served_deployments,
-    tiny_overrides,
     wait_for_flow_run,
 )
-from flows.serve import DEPLOYMENTS  # noqa: E402
 
 WINDOW = "1400,900"
-MODEL = "progress-sql-policy"
+MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
+# The two runs: the demo as the form starts it, and the same with the one-shot baseline.
+RUNS = ({}, {"rl.recipe": "oneshot", "rl.env": "single_turn"})
+ML_VIEW = "workflowType=machine_learning"  # the "Model training" side of MLflow's GenAI / Model training toggle
 # MLflow 3.17 opens its Assistant side panel on a first visit to a localhost URL; the browser
 # reaches the MLflow server under this name instead (mapped to 127.0.0.1), so a screenshot
 # shows the page itself.
@@ -97,29 +104,36 @@ def main(argv: list[str] | None = None) -> None:
     state.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        with mlflow_server(state / "mlflow", hostnames=(MLFLOW_HOST,)) as mlflow_url, \
+        with mlflow_server(state / "mlflow", f"sqlite:///{state / 'mlflow' / 'mlflow.db'}",
+                           hostnames=(MLFLOW_HOST,)) as mlflow, \
                 prefect_server(state / "prefect") as stack, \
-                served_deployments(stack, DEPLOYMENTS) as ids:
-            print(f"Prefect {stack.url}, MLflow {mlflow_url}; running training-pipeline ...")
-            overrides = tiny_overrides(state / "work", tracking_uri=mlflow_url)
-            run_id = create_flow_run(stack, ids["training-pipeline"],
-                                     {"params": str(REPO / "params.yaml"), "overrides": overrides,
-                                      "reports": str(state / "work" / "reports")})
-            run = wait_for_flow_run(stack, run_id, timeout_s=600)
-            if run["state"]["type"] != "COMPLETED":
-                sys.exit("the run did not complete:\n" + "\n".join(flow_run_logs(stack, run_id)[-30:]))
-            print(f"run {run['name']} completed in {time.monotonic() - started:.0f} s; screenshots:")
-            artifact = _artifact_id(stack.api, run_id, "evaluation")
-            experiment, pipeline_run = _pipeline_run(mlflow_url, run_id)
-            mlflow_ui = mlflow_url.replace("127.0.0.1", MLFLOW_HOST)
+                served_deployments(stack, DEPLOYMENTS, extra_env={"MLFLOW_TRACKING_URI": mlflow.url}) as served:
+            ids = served.ids
+            print(f"Prefect {stack.url}, MLflow {mlflow.url}; running training-pipeline twice ...")
+            run_ids = []
+            for overrides in RUNS:
+                run_id = create_flow_run(stack, ids["training-pipeline"],
+                                         {"preset": "cpu-demo", "work_dir": str(state / "work"), "overrides": overrides})
+                run = wait_for_flow_run(stack, run_id, timeout_s=600)
+                if run["state"]["type"] != "COMPLETED":
+                    sys.exit("the run did not complete:\n" + "\n".join(flow_run_logs(stack, run_id)[-30:]))
+                print(f"run {run['name']} {overrides or '(the form as it starts)'} completed, "
+                      f"{time.monotonic() - started:.0f} s in")
+                run_ids.append(run_id)
+            artifact = _artifact_id(stack.api, run_ids[0], "evaluation")
+            experiment, pipeline_runs = _pipeline_runs(mlflow.url, run_ids)
+            mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
+            compared = quote(json.dumps(pipeline_runs)), quote(json.dumps([experiment]))
             profile = state / "chromium-profile"
             shots = [
                 ("prefect-deployments.png", f"{stack.url}/deployments"),
                 ("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run"),
-                ("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_id}"),
+                ("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_ids[0]}"),
                 ("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
+                ("mlflow-training-runs.png", f"{mlflow_ui}/#/experiments/{experiment}/runs?{ML_VIEW}"),
+                ("mlflow-compare.png", f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}"),
+                ("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_runs[0]}?{ML_VIEW}"),
                 ("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}"),
-                ("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_run}"),
             ]
             for name, url in shots:
                 screenshot(browser, url, args.out / name, profile)
@@ -137,14 +151,17 @@ def _artifact_id(api: str, flow_run_id: str, key: str) -> str:
     return rows[0]["id"]
 
 
-def _pipeline_run(mlflow_url: str, flow_run_id: str) -> tuple[str, str]:
-    """(experiment id, run id) of the MLflow pipeline run tagged with the flow run's id."""
+def _pipeline_runs(mlflow_url: str, flow_run_ids: list[str]) -> tuple[str, list[str]]:
+    """(experiment id, [run id]) of the MLflow pipeline runs tagged with the flow runs' ids."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_url)
     experiment = client.get_experiment_by_name("progress-sql").experiment_id
-    runs = client.search_runs([experiment], filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
-    return experiment, runs[0].info.run_id
+    found = []
+    for flow_run_id in flow_run_ids:
+        runs = client.search_runs([experiment], filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+        found.append(runs[0].info.run_id)
+    return experiment, found
 
 
 if __name__ == "__main__":
