@@ -47,3 +47,9 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The Prefect UI with the deployments served, and the MLflow UI (`progress-sql ui --help`):
+#   make ui [UI_ARGS="--port 4300 --mlflow-port 5001"]
+.PHONY: ui
+ui: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/progress-sql ui $(UI_ARGS)

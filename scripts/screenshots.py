@@ -48,6 +48,7 @@ from local_stack import (  # noqa: E402
 )
 
 WINDOW = "1400,900"
+COMPARE_WINDOW = "1400,2400"
 MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
 # The two runs: the demo as the form starts it, and the same with the one-shot baseline.
 RUNS = ({}, {"rl.recipe": "oneshot", "rl.env": "single_turn"})
@@ -70,11 +71,11 @@ def chromium() -> str:
     sys.exit("error: no chromium on PATH (Debian: apt-get install chromium)")
 
 
-def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = 30000) -> None:
-    """One page at WINDOW size after ``wait_ms`` of virtual time (the UIs are single-page apps
-    that fetch their data after loading), shrunk to a palette PNG."""
+def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = 45000, window: str = WINDOW) -> None:
+    """One page at ``window`` size after ``wait_ms`` of virtual time (the UIs are single-page
+    apps that fetch their data after loading, and fade in), shrunk to a palette PNG."""
     profile.mkdir(parents=True, exist_ok=True)
-    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={WINDOW}",
+    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={window}",
            f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not out.is_file():
@@ -131,12 +132,14 @@ def main(argv: list[str] | None = None) -> None:
                 ("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_ids[0]}"),
                 ("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
                 ("mlflow-training-runs.png", f"{mlflow_ui}/#/experiments/{experiment}/runs?{ML_VIEW}"),
-                ("mlflow-compare.png", f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}"),
+                # tall: the page goes on to the params, the metrics and the tags (data_version) of both runs
+                ("mlflow-compare.png",
+                 f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}&{ML_VIEW}", COMPARE_WINDOW),
                 ("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_runs[0]}?{ML_VIEW}"),
-                ("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}"),
+                ("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}?{ML_VIEW}"),
             ]
-            for name, url in shots:
-                screenshot(browser, url, args.out / name, profile)
+            for name, url, *window in shots:
+                screenshot(browser, url, args.out / name, profile, window=window[0] if window else WINDOW)
     finally:
         if args.keep_state is None:
             shutil.rmtree(state, ignore_errors=True)

@@ -151,7 +151,7 @@ def test_exec_observation_table_with_turns_left(school_db):
     ep = run_one(envs.get("exec_feedback")(), policy, OLDER, school_db)
     assert ep.messages[3] == {"role": "user", "content": (
         "<observation>\nstu_id | name\n1 | s1\n2 | s2\n3 | s3\n"
-        "You have 9 turns left to complete the task.\n</observation>"
+        "You have 10 turns left to complete the task.\n</observation>"  # T − t with t = 0 (Algorithm 1)
     )}
     assert (ep.done_reason, ep.correct, ep.K, ep.max_turns) == ("solution", True, 2, 11)
 
@@ -181,13 +181,16 @@ def test_exec_observation_truncated_at_max_rows_and_chars(school_db):
 
 
 def test_exec_error_observation_and_invalid_action(school_db):
+    """SQL-Trail's Algorithm 1, lines 21-22: an invalid execution is answered with the
+    invalid-action message; so is an output with no tool call at all."""
     policy = ScriptedPolicy([[sql_out("SELECT nope FROM student"), "<think>Let me think.</think>", answer(GOLD)]])
     ep = run_one(envs.get("exec_feedback")(), policy, OLDER, school_db)
     assert ep.messages[3]["content"] == (
-        "<observation>\nError (runtime): no such column: nope\nYou have 9 turns left to complete the task.\n</observation>"
+        f"<observation>\n{INVALID_ACTION}\nYou have 10 turns left to complete the task.\n</observation>"
     )
+    assert not ep.turns[0].result.ok and ep.turns[0].result.error == "runtime"  # the error is kept on the turn
     assert ep.messages[5]["content"] == (
-        f"<observation>\n{INVALID_ACTION}\nYou have 8 turns left to complete the task.\n</observation>"
+        f"<observation>\n{INVALID_ACTION}\nYou have 9 turns left to complete the task.\n</observation>"
     )
     assert INVALID_ACTION == "Your previous action is invalid. Think and try again."
     assert (ep.K, ep.done_reason, ep.correct, ep.k_star) == (3, "solution", True, 3)
@@ -199,7 +202,7 @@ def test_exec_forced_final_answer_when_budget_runs_out(school_db):
     policy = ScriptedPolicy([calls + [answer(GOLD), answer("SELECT 1")]])
     ep = run_one(envs.get("exec_feedback")(settings(trail_max_turns=2)), policy, OLDER, school_db)
     last_observation = ep.messages[5]["content"]
-    assert "You have 0 turns left to complete the task.\n</observation>" in last_observation
+    assert "You have 1 turns left to complete the task.\n</observation>" in last_observation  # T − (T − 1)
     assert last_observation.endswith(FINAL_ANSWER)
     assert (ep.K, ep.done_reason, ep.correct, ep.k_star, policy.consumed) == (3, "solution", True, 2, [3])
 

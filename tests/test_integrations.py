@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from progress_sql import envs, rewards
+from progress_sql.envs.prompts import INVALID_ACTION
 from progress_sql.envs.settings import TaskSettings
 from progress_sql.formats import answer_text
 from progress_sql.integrations import scoring, sessions
@@ -174,7 +175,8 @@ def test_no_adapter_ever_writes_a_database(school_db):
     tool = trl_adapter.SQLToolEnvironment()
     tool.reset(db_path=str(school_db), gold_sql=GOLD)
     for sql in WRITES:
-        assert "Error" in tool.run_sql(f"<think>t</think><sql>{sql}</sql>")
+        # refused by the sandbox: SQL-Trail's invalid-action message (its Algorithm 1, lines 21-22)
+        assert INVALID_ACTION in tool.run_sql(f"<think>t</think><sql>{sql}</sql>")
     assert folder_state(school_db.parent) == before  # same files, same bytes: no -wal, -journal, other.sqlite
 
 

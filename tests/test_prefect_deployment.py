@@ -34,10 +34,10 @@ from local_stack import (  # noqa: E402
     wait_for_output,
 )
 
-pytestmark = pytest.mark.slow
 STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}
 
 
+@pytest.mark.slow
 def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_its_data_version(tmp_path):
     port, mlflow_port = free_port(), free_port()
     assert 4200 not in (port, mlflow_port)
@@ -107,3 +107,27 @@ def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_
         assert ui.wait(timeout=90) == 0, log.read_text()[-3000:]
         assert "stopped." in log.read_text()
         assert not port_in_use(port) and not port_in_use(mlflow_port)
+
+
+def test_progress_sql_ui_refuses_a_busy_port_and_finds_the_store_from_any_folder(tmp_path, monkeypatch):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from conftest import REPO
+    from progress_sql.cli import app
+    from progress_sql.servers import mlflow_store_uri, project_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert project_root() == REPO  # the checkout the package is installed from
+    assert mlflow_store_uri(REPO) == f"sqlite:///{REPO / 'mlruns' / 'mlflow.db'}"  # absolute
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere/mlflow.db")
+    assert mlflow_store_uri(REPO) == f"sqlite:///{REPO / 'elsewhere' / 'mlflow.db'}"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["ui", "--port", str(port), "--no-mlflow", "--log-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.output and "--port" in result.output

@@ -47,7 +47,8 @@ def registered_names() -> dict[str, tuple[str, ...]]:
 
 # ----------------------------------------------------------------------------- data
 class MixRatios(_Section):
-    """Shares of a mixed training set drawn from downloaded corpora (paper: BIRD+Spider+SynSQL)."""
+    """Fixed shares of an imported training set (``data.import_sampling: shares``) drawn from
+    the given datasets' train sets; renormalised over the datasets given."""
 
     bird: float = Field(0.4, ge=0.0)
     spider: float = Field(0.3, ge=0.0)
@@ -92,6 +93,23 @@ class DataSettings(_Section):
     fuzz_rows: float = Field(0.2, ge=0.0, le=0.9)  # neighbour row count within ±this share
     renamed_copies: int = Field(2, ge=0, le=20)  # renamed copies of each train database (data.domains.renaming)
     renamed_column_share: float = Field(0.5, ge=0.0, le=1.0)  # value columns a copy renames
+    # Where the corpus comes from: bundled (generated from data.seed) or import (datasets on disk,
+    # progress_sql.data.importing). An import reads the folders below ("": not given), read-only.
+    source: Literal["bundled", "import"] = "bundled"
+    import_spider: str = ""  # Spider: tables.json, train_spider.json, train_others.json, dev.json, test.json, database/
+    import_bird: str = ""  # BIRD: train/train.json, dev/dev.json, */*_databases/, */*_tables.json
+    import_synsql: str = ""  # SynSQL-2.5M: data.json, tables.json, databases/
+    import_spider_syn: str = ""  # Spider-Syn dev.json (or its folder): the syn split instead of none
+    import_spider_realistic: str = ""  # spider-realistic.json (or its folder): the realistic split
+    import_spider_dk: str = ""  # Spider-DK.json (or its folder): the dk split
+    import_test_suite: str = ""  # test-suite databases <db_id>/*.sqlite for TS; "": <import_spider>/test_suite_database if present
+    import_train: list[Literal["spider", "bird", "synsql"]] = ["spider", "bird", "synsql"]  # of those given: train sets drawn from
+    import_eval: list[Literal["spider", "bird"]] = ["spider", "bird"]  # of those given: dev/test sets that make dev and test
+    # random: data.mix_total examples drawn uniformly from the union of the train sets (the paper);
+    # shares: data.mix fixed shares of data.mix_total. Both seeded by data.seed.
+    import_sampling: Literal["random", "shares"] = "random"
+    import_databases: Literal["copy", "symlink"] = "copy"  # symlink: no copies of large databases (BIRD)
+    max_failing_gold_share: float = Field(0.05, ge=0.0, le=1.0)  # imported golds that fail on their database; above: the import fails
 
     @model_validator(mode="after")
     def _splits_fit(self) -> "DataSettings":
@@ -101,6 +119,9 @@ class DataSettings(_Section):
             )
         if self.empty_gold_share > self.max_empty_gold_share:
             raise ValueError("data.empty_gold_share must not exceed data.max_empty_gold_share")
+        if self.source == "import" and not (self.import_spider or self.import_bird or self.import_synsql):
+            raise ValueError("data.source is import: set data.import_spider, data.import_bird or data.import_synsql "
+                             "to a dataset folder")
         return self
 
 

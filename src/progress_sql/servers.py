@@ -126,7 +126,8 @@ def wait_healthy(url: str, process: Process, timeout_s: float) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise ServerError(f"{process.name}: {url} not healthy after {timeout_s:.0f} s (log {process.log}):\n{process.tail()}")
+    raise ServerError(f"{process.name}: {url} not healthy after {timeout_s:.0f} s (log {process.log}):\n"
+                      f"{process.tail()}")
 
 
 def project_root(start_dir: str | Path | None = None) -> Path:
@@ -273,7 +274,8 @@ def mlflow_server(log_dir: Path, store: str, *, port: int | None = None, hostnam
         cmd += ["--artifacts-destination", str(db.parent / "artifacts")]
     if hostnames:
         allowed = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", *hostnames, *(f"{h}:*" for h in hostnames)]
-        cmd += ["--allowed-hosts", ",".join(allowed), "--cors-allowed-origins", ",".join(f"http://{h}:*" for h in hostnames)]
+        cmd += ["--allowed-hosts", ",".join(allowed),
+                "--cors-allowed-origins", ",".join(f"http://{h}:*" for h in hostnames)]
     server = start("mlflow server", cmd, _env(), log_dir / "mlflow-server.log", cwd=log_dir)
     try:
         wait_healthy(f"{url}/health", server, timeout_s)

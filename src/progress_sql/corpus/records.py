@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from progress_sql.sql.hardness import HARDNESS_LEVELS  # noqa: F401  (re-exported for data code)
+from progress_sql.sql.verdict import SEMANTICS, Semantics
 
 SPLITS = ("train", "dev", "test")
 VARIANTS = ("syn", "realistic", "dk")
@@ -29,9 +30,22 @@ class Example:
     source: str = "bundled"  # bundled | spider | bird | synsql
     difficulty: str = ""  # dataset's own label when it has one (BIRD: simple/moderate/challenging)
     meta: dict = field(default_factory=dict)
+    # What "correct" means for this example (sql.verdict): "spider" (Spider test-suite: bags,
+    # DISTINCT removed, order when the gold orders) or "bird" (BIRD's EX: sets of rows). Rewards
+    # and evaluation both read it, so RL optimises what evaluation measures.
+    semantics: Semantics = "spider"
+
+    def __post_init__(self) -> None:
+        if self.semantics not in SEMANTICS:
+            raise ValueError(f"{self.id}: semantics must be one of {', '.join(SEMANTICS)}, got {self.semantics!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, sort_keys=True)
+        """One JSONL line. ``semantics`` is written only when it is not ``"spider"``, so a
+        corpus written before the field existed (the bundled one) reads and writes the same."""
+        record = asdict(self)
+        if record["semantics"] == "spider":
+            del record["semantics"]
+        return json.dumps(record, ensure_ascii=False, sort_keys=True)
 
 
 _REQUIRED = ("id", "db_id", "question", "gold_sql", "hardness")
@@ -47,6 +61,8 @@ def example_from_dict(obj: object, where: str) -> Example:
     unknown = set(obj) - known
     if unknown:
         raise CorpusError(f"{where}: unknown field(s) {sorted(unknown)}")
+    if "semantics" in obj and obj["semantics"] not in SEMANTICS:
+        raise CorpusError(f"{where}: field 'semantics' must be one of {', '.join(SEMANTICS)}, got {obj['semantics']!r}")
     return Example(**obj)
 
 

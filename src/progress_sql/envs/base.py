@@ -183,7 +183,9 @@ class Env:
     which holds them: env budgets, sandbox limits, ODT weights), default the built-in ones;
     ``fmt``: the output format, one of the class's ``formats`` (default the first);
     ``schema_texts(db_id, db_path)`` gives the prompts' schema text (default: a shared
-    ``SchemaTexts`` of ``env.prompt_style`` reading the SQLite files).
+    ``SchemaTexts`` of ``env.prompt_style`` reading the SQLite files). Each turn is judged under
+    the episode's example's semantics (``Example.semantics``: Spider or BIRD rules), as the
+    evaluation judges it.
 
     Class attributes a subclass sets: ``name`` (its registry name), ``formats`` (the output
     formats its prompts and parsing speak) and ``reads_gold`` (its feedback reads the gold
@@ -193,7 +195,6 @@ class Env:
     name: ClassVar[str]
     formats: ClassVar[tuple[FormatName, ...]]
     reads_gold: ClassVar[bool] = False
-    semantics: Semantics = "spider"  # what "correct" means (sql.verdict), as in the evaluation
 
     def __init__(
         self,
@@ -215,6 +216,12 @@ class Env:
     def max_turns(self) -> int:
         """The most assistant turns an episode can have."""
         raise NotImplementedError
+
+    @property
+    def semantics(self) -> Semantics:
+        """What "correct" means in this episode (``sql.verdict``): its example's
+        ``Example.semantics``, which the evaluation judges the same example by."""
+        return self.episode.example.semantics
 
     @property
     def episode(self) -> Episode:

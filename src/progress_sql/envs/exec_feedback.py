@@ -1,11 +1,15 @@
 """``exec_feedback``: the SQL-tool agent loop of SQL-Trail (its Algorithm 1) and SkyRL-SQL.
 
-    for t = 1..T (T = env.trail_max_turns):
+    for t = 0..T−1 (T = env.trail_max_turns), as its Algorithm 1 counts:
         y_t ~ π(· | h)                      parsed in the ``trail`` format
         <solution> in y_t:  its SQL is the final answer; stop
-        <sql> in y_t:       o = the result as a table with headers, or the error
-        neither:            o = "Your previous action is invalid. Think and try again."
+        <sql> in y_t:       r = its execution; o = the result as a table with headers, or,
+                            when r is invalid (an error), "Your previous action is invalid.
+                            Think and try again." (lines 21-22)
+        neither:            o = the same invalid-action message (Algorithm 1 appends nothing
+                            here; a chat needs a user turn before the next assistant turn)
         h += <observation>o\\nYou have T − t turns left to complete the task.</observation>
+                            (T before the first call, 1 after the last)
     no solution after T turns: the last observation is followed by a request for the final
     answer, and the answer to it is the last turn (T + 1 turns at most)
 
@@ -81,11 +85,12 @@ class ExecFeedbackEnv(Env):
         turn = self._begin_turn(text)
         if parse_output(text, self.fmt).kind == "solution":
             return self._finish("solution", turn.correct)
-        turns_left = self.settings.env.trail_max_turns - self.episode.K
-        if turns_left < 0:  # this was the requested final answer
+        budget, taken = self.settings.env.trail_max_turns, self.episode.K
+        if taken > budget:  # this was the requested final answer
             return self._finish("no_solution", False)
-        content = INVALID_ACTION if turn.sql is None else format_result(turn.result, self.settings.env)
-        reply = observation(content, turns_left)
-        if turns_left == 0:
+        valid = turn.result is not None and turn.result.ok
+        content = format_result(turn.result, self.settings.env) if valid else INVALID_ACTION
+        reply = observation(content, budget - (taken - 1))  # T − t, t the 0-based turn index
+        if taken == budget:
             reply = f"{reply}\n{FINAL_ANSWER}"
         return self._reply(reply)

@@ -162,6 +162,11 @@ def markdown_report(model: str, metrics: dict[str, Any], cfg: EvalSettings, note
         protocol.append("Multi-turn: the SQL-tool protocol (execution feedback only), greedy.")
     protocol.append("EX and TS in %; TS over the examples whose database has test-suite neighbours.")
     parts = [f"# Evaluation: {model}", "", " ".join(protocol)]
+    judged = [f"{split_title(split)} {m['semantics']}" for split, m in metrics.items() if m.get("semantics")]
+    if judged:
+        parts += ["", "Semantics of EX/TS (spider: Spider test-suite, bags up to a column permutation, DISTINCT "
+                      "removed, ordered when the gold orders; bird: BIRD's EX, set(pred rows) == set(gold rows)): "
+                  + "; ".join(judged) + "."]
     sections = [
         ("Table 1: main splits (EX / TS)", _accuracy_table(model, metrics, SPLITS)),
         ("Table 2: robustness variants (EX / TS)", _accuracy_table(model, metrics, VARIANTS)),

@@ -15,7 +15,9 @@ feedback at test time. For each split:
                   turn is. An environment whose feedback reads the gold (``reads_gold``, the
                   ODT one) is refused by the settings.
 
-EX / TS through ``eval.verdicts.BatchVerdicts`` (Spider test-suite semantics, one SQLPool); the ODT
+EX / TS through ``eval.verdicts.BatchVerdicts`` (one SQLPool) under each example's semantics
+(``Example.semantics``: Spider test-suite or BIRD rules; metrics.json names it per split as
+``semantics``, and report.md's header); the ODT
 mismatch analysis (Table 8) on the greedy predictions. Examples are processed in rounds of
 ``eval.batch_size``: generate, execute the round's SQL in the pool, score, next round.
 
@@ -40,7 +42,8 @@ import shutil
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from collections import Counter
+from typing import Any, Iterable, Sequence
 
 from tqdm import tqdm
 
@@ -96,6 +99,15 @@ class EvalResult:
 def eval_format(settings: Settings) -> FormatName:
     """The output format evaluated: the one the recipe trains (``rl.recipe``)."""
     return rewards.get(settings.rl.recipe).fmt
+
+
+def split_semantics(examples: Iterable[Example]) -> str:
+    """The name of the EX/TS semantics a split was judged by (``Example.semantics``):
+    ``spider`` or ``bird``, or ``mixed:bird=N,spider=M`` when its examples differ."""
+    counts = Counter(ex.semantics for ex in examples)
+    if len(counts) <= 1:
+        return next(iter(counts), "spider")
+    return "mixed:" + ",".join(f"{name}={n}" for name, n in sorted(counts.items()))
 
 
 def split_path(layout: CorpusLayout, name: str) -> Path:
@@ -199,7 +211,7 @@ class _SplitEvaluator:
                  keep_text: bool) -> list[list[Answer]]:
         """Parse every output and judge its SQL (one batch through the pool)."""
         parsed = [[parse_output(c.text, self.fmt) for c in row] for row in outputs]
-        cands = [Candidate(str(self.layout.database(ex.db_id)), p.sql, ex.gold_sql)
+        cands = [Candidate(str(self.layout.database(ex.db_id)), p.sql, ex.gold_sql, ex.semantics)
                  for ex, row in zip(chunk, parsed) for p in row]
         verdicts = iter(self.judge.judge(cands))
         return [
@@ -219,7 +231,7 @@ class _SplitEvaluator:
             elif not answer.verdict.correct or answer.sql is None:
                 answer.ts = False
             else:
-                todo.append((answer, (suite, answer.sql, example.gold_sql)))
+                todo.append((answer, (suite, answer.sql, example.gold_sql, example.semantics)))
         for (answer, _), passed in zip(todo, self.judge.test_suite([item for _, item in todo])):
             answer.ts = passed
 
@@ -249,9 +261,9 @@ class _SplitEvaluator:
                 ev.samples = [a.sql for a in answers]
                 if self.cfg.vote_k:
                     voted = answers[: self.cfg.vote_k]
-                    # Grouped on the comparison views, by the equivalence EX decides with.
-                    outcome = vote([a.verdict.compared for a in voted], self.judge.order_matters(ev.example.gold_sql),
-                                   self.judge.semantics)
+                    # Grouped on the comparison views' results alone (no gold information),
+                    # by the example's semantics, unordered.
+                    outcome = vote([a.verdict.compared for a in voted], ev.example.semantics)
                     winner = voted[outcome.winner]
                     ev.vote = Answer(winner.sql, winner.well_formed, winner.verdict,
                                      mean(a.tokens for a in voted) or 0.0)
@@ -275,7 +287,8 @@ class _SplitEvaluator:
                            self.layout.database, gold_cache=self.judge.gold_cache)
         # judged: the final answer of an episode that gave one (a tool call is not an answer)
         finals = [ep.turns[-1].sql if ep.done_reason in ("solution", "single") else None for ep in episodes]
-        verdicts = self.judge.judge([Candidate(str(self.layout.database(ep.example.db_id)), sql, ep.example.gold_sql)
+        verdicts = self.judge.judge([Candidate(str(self.layout.database(ep.example.db_id)), sql, ep.example.gold_sql,
+                                               ep.example.semantics)
                                      for ep, sql in zip(episodes, finals)])
         answers = []
         for ev, ep, sql, verdict in zip(evals, episodes, finals, verdicts):
@@ -288,7 +301,7 @@ class _SplitEvaluator:
 
     def metrics(self, evals: Sequence[ExampleEval]) -> dict[str, Any]:
         cfg = self.cfg
-        out: dict[str, Any] = {"n": len(evals)}
+        out: dict[str, Any] = {"n": len(evals), "semantics": split_semantics(ev.example for ev in evals)}
         if cfg.greedy:
             out[GREEDY] = mode_metrics([ev.greedy.outcome(ev.example) for ev in evals])
             out["odt_mismatch"] = mismatch_rates(ev.tags or () for ev in evals)
@@ -358,7 +371,8 @@ def run_eval(
                     evals += chunk_evals
                     bar.update(len(chunk))
             split_metrics = worker.metrics(evals)
-            gold_errors = sum(1 for ex in examples if not judge.gold(layout.database(ex.db_id), ex.gold_sql).ok)
+            gold_errors = sum(1 for ex in examples
+                              if not judge.gold(layout.database(ex.db_id), ex.gold_sql, ex.semantics).ok)
             split_metrics["gold_errors"] = gold_errors
             split_metrics["prompt_too_long"] = worker.prompts_too_long
             metrics[name] = split_metrics

@@ -5,14 +5,19 @@ grouped into classes of equivalent execution results; the largest class wins and
 candidate is the answer. Our rules, and how they relate to OmniSQL's:
 
 - Equivalence: the results are the candidates' comparison-view executions
-  (``Verdict.compared``), and two are equal when ``sql.verdict.same_answer`` holds with the
-  gold's ``order_matters``, i.e. exactly when the verdict (EX, and the rewards) would judge one
-  against the other: under Spider semantics, same rows up to a column permutation, as bags, or
-  as lists when the gold is ordered, DISTINCT ignored. OmniSQL keys a dict on
-  ``frozenset(rows)`` instead, which merges results that differ only in duplicate rows and
-  separates results that differ only in column order; ours groups what the metric cannot tell
-  apart. The relation is an equivalence (a column permutation composes), so comparing each
-  candidate with the first member of each class is exact.
+  (``Verdict.compared``), and they are grouped by those results alone: nothing about the gold
+  is read, since at test time there is none (OmniSQL's ``major_voting`` likewise keys on the
+  results only). Two results are equal when ``sql.verdict.same_answer`` holds *unordered*
+  under the example's semantics: under ``"spider"``, the same rows up to a column
+  permutation, as bags (duplicates count), DISTINCT ignored; under ``"bird"``, the same sets of
+  rows (OmniSQL's ``frozenset(rows)``). Row order never separates two candidates: whether
+  order matters is a property of the gold query, which voting must not see; the verdict
+  still applies the gold's order to the winner. OmniSQL keys on ``frozenset(rows)`` for
+  every dataset; under Spider semantics that would merge results that differ only in
+  duplicate rows and separate results that differ only in column order, both of which the
+  Spider metric treats the other way, so there the classes are the metric's. Both relations
+  are equivalences (a column permutation composes), so comparing each candidate with the
+  first member of each class is exact.
 - Invalid candidates (no SQL extracted, an execution error of the comparison view, or a result
   cut at ``sandbox.max_rows``, which cannot be compared) never vote. An empty result is a valid
   answer and votes like any other, as in OmniSQL.
@@ -57,11 +62,9 @@ def is_valid(result: ExecResult | None) -> bool:
     return result is not None and result.ok and not result.truncated
 
 
-def equivalence_classes(
-    results: Sequence[ExecResult | None], order_matters: bool, semantics: Semantics = "spider"
-) -> list[list[int]]:
-    """Indices of the valid ``results`` grouped by ``same_answer``, classes and members in
-    order of first appearance."""
+def equivalence_classes(results: Sequence[ExecResult | None], semantics: Semantics = "spider") -> list[list[int]]:
+    """Indices of the valid ``results`` grouped by ``same_answer`` without order (under
+    ``semantics``), classes and members in order of first appearance."""
     classes: list[list[int]] = []
     for i, result in enumerate(results):
         if not is_valid(result):
@@ -70,7 +73,7 @@ def equivalence_classes(
         for members in classes:
             rep = results[members[0]]
             assert rep is not None
-            if same_answer(result, rep, order_matters, semantics):
+            if same_answer(result, rep, False, semantics):
                 members.append(i)
                 break
         else:
@@ -78,16 +81,18 @@ def equivalence_classes(
     return classes
 
 
-def vote(results: Sequence[ExecResult | None], order_matters: bool, semantics: Semantics = "spider") -> VoteOutcome:
+def vote(results: Sequence[ExecResult | None], semantics: Semantics = "spider") -> VoteOutcome:
     """Majority vote over the execution results of one question's candidates.
 
     ``results[i]`` is candidate i's comparison-view execution (``Verdict.compared``; None when
-    it had no SQL); ``order_matters`` is the gold's (``sql.verdict.gold_order_matters``).
-    Raises ValueError for no candidates.
+    it had no SQL); ``semantics`` is the example's (``Example.semantics``). Nothing about the
+    gold is read. Raises ValueError for no candidates.
     """
     if not results:
         raise ValueError("vote needs at least one candidate")
-    classes = equivalence_classes(results, order_matters, semantics)
+    if isinstance(semantics, bool):
+        raise TypeError("vote groups by execution results only: it takes the semantics, not the gold's order")
+    classes = equivalence_classes(results, semantics)
     if not classes:
         return VoteOutcome(winner=0, classes=(), votes=0, valid=0)
     best = max(classes, key=len)  # max keeps the first of equal sizes: earliest class wins

@@ -104,4 +104,4 @@ def bounds(w: ReasoningSQLRewardSettings) -> tuple[float, float]:
     return 0.0, sum(float(getattr(w, key)) for key in COMPONENTS)
 
 
-RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, ReasoningSQLRewardSettings)
+RECIPE = Recipe(NAME, FORMAT, COMPONENTS, score, bounds, ReasoningSQLRewardSettings, uses_judge=True)

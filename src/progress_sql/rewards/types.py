@@ -103,7 +103,8 @@ class Recipe:
 
     ``fmt`` is the output format its model outputs must follow; ``components`` the fixed keys
     of every output's ``components``; ``weights`` the class of its section of params.yaml
-    ``rewards`` (named as the recipe).
+    ``rewards`` (named as the recipe); ``uses_judge``: it scores with an LLM judge when one
+    is configured.
 
     ``settings`` may be the recipe's own weights, the rewards section, settings that hold a
     rewards section (the task's or the pipeline's; their ODT section then drives F_struct),
@@ -116,6 +117,9 @@ class Recipe:
     score_fn: ScoreFn = field(repr=False)
     bounds_fn: BoundFn = field(repr=False)
     weights: "type[Section]" = field(repr=False)
+    # Whether ``score_fn`` reads an LLM judge: its weights then name the judge's backend
+    # (``judge_backend`` …, see ``rewards.make_judge``), and the trainer builds one.
+    uses_judge: bool = False
 
     def settings_of(self, settings: Any) -> RecipeSettings:
         """The weights and ODT settings this recipe reads from ``settings`` (see the class notes)."""

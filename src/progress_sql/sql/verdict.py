@@ -10,6 +10,22 @@ view's result under the rules of a named ``Semantics``. What a semantics fixes:
 - ``same``: how two results compare (Spider: ``results_match``, bags of rows up to a column
   permutation, lists when ordered; an error or a truncated result matches nothing).
 
+The semantics:
+
+- ``"spider"``: the Spider test-suite evaluator (``exec_eval.py`` of taoyds/test-suite-sql-eval,
+  its defaults): the view is ``spider_postprocess`` then ``strip_distinct``; order counts only
+  when the gold's output is ordered (``order_matters``); results are equal as bags of rows up
+  to a column permutation (as lists when ordered).
+- ``"bird"``: BIRD's official EX (``calculate_ex`` of its ``evaluation.py``): the SQL as written
+  is the view (no DISTINCT removal, no operator fix-up); order never counts; the results are
+  equal when ``set(pred rows) == set(gold rows)``, rows compared as the tuples SQLite returns
+  (no column permutation; duplicates and row order ignored; ``1 == 1.0`` as in Python). An
+  error or a truncated result matches nothing, as under Spider.
+
+Which one applies is the example's (``corpus.records.Example.semantics``: BIRD and SynSQL
+imports are ``"bird"``, Spider and the bundled corpus ``"spider"``), so rewards and evaluation
+decide alike.
+
 The SQL as written is executed too: that raw result is what "executable" means and what the
 environments show as feedback. The view is executed separately only when its text differs
 from the raw SQL (a DISTINCT, a spaced operator), so most predictions cost one query. Gold
@@ -31,7 +47,7 @@ from progress_sql.sql.pool import GoldCache, default_gold_cache
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.sandbox import execute
 
-Semantics = Literal["spider"]
+Semantics = Literal["spider", "bird"]
 
 _CACHE_SIZE = 8192
 
@@ -50,9 +66,27 @@ def _spider_view(sql: str) -> str:
     return strip_distinct(spider_postprocess(sql))
 
 
+def _as_written(sql: str) -> str:
+    return sql
+
+
+def _never_ordered(sql: str) -> bool:
+    return False
+
+
+def bird_results_match(pred: ExecResult, gold: ExecResult, ordered: bool = False) -> bool:
+    """BIRD's EX: ``set(pred rows) == set(gold rows)`` (False when either errored or was
+    truncated); ``ordered`` is ignored, order never counts under BIRD."""
+    if not pred.ok or not gold.ok or pred.truncated or gold.truncated:
+        return False
+    return set(pred.rows) == set(gold.rows)
+
+
 _RULES: dict[str, _Rules] = {
     "spider": _Rules(view=_spider_view, ordered=order_matters, same=results_match),
+    "bird": _Rules(view=_as_written, ordered=_never_ordered, same=bird_results_match),
 }
+SEMANTICS: tuple[str, ...] = tuple(_RULES)  # the names a corpus or an example may give
 
 
 def _rules(semantics: str) -> _Rules:

@@ -3,7 +3,8 @@
 Examples (``build_sft_examples``), from the corpus' train split:
 
 - plain: the round-1 conversation the environment shows (``envs.round1_messages``) and the
-  target ``<think>{reasoning trace}</think>\\n<sql>{gold}</sql>`` (the tags of ``fmt``);
+  target ``<think>{reasoning trace}</think>\\n<sql>{gold}</sql>`` in the tags of ``fmt``
+  (``run_sft``: the output format of ``rl.recipe``, the one RL goes on to train);
 - revision (a ``revision_share`` of the examples, in addition): the real ``odt_feedback``
   environment driven by a scripted policy through a corrupted gold (``train.corrupt``) and then
   the gold, so the dialogue is exactly what a rollout shows: round-1 prompt → wrong SQL → the
@@ -30,6 +31,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from progress_sql import rewards
 from progress_sql.config import Settings, default_settings
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs import (
@@ -348,8 +350,10 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     layout = CorpusLayout(Path(corpus_dir))
     model, tokenizer = load_policy(sft.init_from, dtype=settings.model.dtype)
     examples = load_train_examples(corpus_dir, settings)
+    # the output format RL will train (rl.recipe's): an SFT in other tags would teach the wrong ones
     conversations = build_sft_examples(examples, settings, database=layout.database,
-                                       schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style))
+                                       schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style),
+                                       fmt=rewards.get(settings.rl.recipe).fmt)
     encoded, kept_groups, dropped = [], [], 0
     for conv in conversations:
         ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)

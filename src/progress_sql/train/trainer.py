@@ -258,6 +258,8 @@ def run_rl(
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             reference = reference.to(torch.bfloat16)
     recipe = rewards.get(rl.recipe)
+    # Reasoning-SQL's LLM judge, when its judge_backend names one (None: off, weight redistributed)
+    judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
     env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     max_turns = env_factory().max_turns
     max_tokens = max_sequence_tokens(gen, max_turns)
@@ -331,7 +333,7 @@ def run_rl(
             episodes = envs.rollout(env_factory, token_policy, [q for q in questions for _ in range(rl.group_size)],
                                     layout.database)
         rollout_s = time.monotonic() - t_roll
-        scored = [recipe(ep.trajectory(), settings) for ep in episodes]
+        scored = [recipe(ep.trajectory(), settings, judge=judge) for ep in episodes]
         trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, max_tokens)
                  for i, (ep, r) in enumerate(zip(episodes, scored))]
         adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
@@ -397,6 +399,10 @@ def run_rl(
             "tokens_per_s": float(sampled.sum() / max(rollout_s, 1e-9)),
             "rollout_s": rollout_s,
         }
+        if judge is not None:  # a judge that fails scores 0 and the step goes on: count both
+            statuses = [str(r.info.get("judge", "")) for r in scored]
+            metrics["judge/asked"] = float(sum(s == "asked" for s in statuses))
+            metrics["judge/failed"] = float(sum(s.startswith("judge failed") for s in statuses))
         if gen.temperature == 1.0:  # the sampler reports temperature-1 log-probs
             metrics["logprob_gap"] = sampler_gap / max(num_tokens, 1.0)
         metrics["step_s"] = time.monotonic() - t_step

@@ -4,6 +4,7 @@ such as dev_20240627/: pass that folder, or its parent renamed/linked as dev/).
 
 Records hold ``db_id``, ``question``, ``evidence`` (external knowledge) and the gold ``SQL``;
 dev records add ``question_id`` and ``difficulty`` (simple / moderate / challenging).
+Examples are judged under the ``"bird"`` semantics (``sql.verdict``: BIRD's official EX).
 """
 
 from __future__ import annotations
@@ -62,5 +63,7 @@ def load_bird(root: Path, split: str) -> LoadResult:
             difficulty=difficulty,
             db_path=databases / db_id / f"{db_id}.sqlite",
             meta=meta,
+            where=rec.where,
+            semantics="bird",  # BIRD's official EX: sets of rows (sql.verdict)
         )
     return collector.finish()

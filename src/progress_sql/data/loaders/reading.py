@@ -172,11 +172,12 @@ class RecordAt:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A record left out of a load, and why."""
+    """A record left out of a load, and why; ``where``: its file and record number."""
 
     index: int
     id: str
     reason: str
+    where: str = ""
 
 
 @dataclass
@@ -224,17 +225,20 @@ class ExampleCollector:
         evidence: str = "",
         difficulty: str = "",
         meta: dict | None = None,
+        where: str = "",
+        semantics: str = "spider",
     ) -> bool:
-        """Add one example; return False (and record why) when it is skipped."""
+        """Add one example; return False (and record why) when it is skipped. ``where`` names
+        the record (file and index) for the skip; ``semantics`` is the dataset's EX rule."""
         if db_path not in self._db_exists:
             self._db_exists[db_path] = db_path.is_file()
         if not self._db_exists[db_path]:
-            self.result.skipped.append(Skipped(index, id, f"database missing: {db_path}"))
+            self.result.skipped.append(Skipped(index, id, f"database missing: {db_path}", where))
             return False
         try:
             level = hardness(gold_sql)
         except SQLParseError as err:
-            self.result.skipped.append(Skipped(index, id, f"gold does not parse: {err}"))
+            self.result.skipped.append(Skipped(index, id, f"gold does not parse: {err}", where))
             return False
         self.result.examples.append(
             Example(
@@ -247,6 +251,7 @@ class ExampleCollector:
                 source=self.result.source,
                 difficulty=difficulty,
                 meta={"db_path": str(db_path), "source_index": index, **(meta or {})},
+                semantics=semantics,
             )
         )
         return True

@@ -59,6 +59,7 @@ def load_spider(root: Path, split: str) -> LoadResult:
                 gold_sql=rec.text("query"),
                 db_path=spider_database_path(root, db_id, split),
                 meta={"tables_json": tables, "file": path.name},
+                where=rec.where,
             )
             n += 1
     return collector.finish()
