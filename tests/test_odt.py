@@ -179,13 +179,23 @@ def test_build_tree_rejects_non_queries():
 
 def test_score_follows_the_formula():
     # One missing WHERE: sets 0.70 of 1.0, booleans 6/7 of 0.10, counts 0.05 → s_local;
-    # no children on either side → s_child = 1.
+    # no nested query on either side: the score is s_local (odt.leaf_score: local) ...
     s_local = 0.70 + 0.10 * 6 / 7 + 0.05
     d = diagnose("SELECT a FROM t", "SELECT a FROM t WHERE b = 1")
     assert d.features["s_local"] == pytest.approx(s_local)
     assert d.features["s_child"] == 1.0
-    assert d.score == pytest.approx(0.7 * s_local + 0.3 * 1.0)
+    assert d.score == pytest.approx(s_local)
     assert d.tags == ("WHERE_MISSING",)
+    # ... or, with the convention s_child = 1 at leaves (odt.leaf_score: one), α·s_local + (1−α)
+    one = ODTSettings(leaf_score="one")
+    assert diagnose("SELECT a FROM t", "SELECT a FROM t WHERE b = 1", one).score == pytest.approx(0.7 * s_local + 0.3)
+
+
+def test_the_leaf_convention_sets_the_floor_of_unrelated_flat_queries():
+    """Two flat queries with nothing in common but empty clauses: s_local 0.65 (empty sets match
+    by the Jaccard convention), and the leaf convention one adds a 1 − α floor on top."""
+    assert diagnose("SELECT x FROM t", "SELECT y FROM u").score == pytest.approx(0.65)
+    assert diagnose("SELECT x FROM t", "SELECT y FROM u", ODTSettings(leaf_score="one")).score == pytest.approx(0.755)
 
 
 def test_missing_subquery_costs_the_child_share():
@@ -210,9 +220,13 @@ def test_settings_weights_thresholds_and_alpha_are_used():
     lenient = base.model_copy(update={"thresholds": base.thresholds.model_copy(update={"select": 0.0})})
     assert "SELECT_ERROR" not in diagnose(pred, gold, lenient).tags
     only_select = ODTSettings(weights={k: 0.0 for k in base.weights.model_dump()} | {"select": 1.0})
-    assert diagnose(pred, gold, only_select).score == pytest.approx(0.3)  # α·0 + (1−α)·1
-    no_alpha = base.model_copy(update={"alpha": 0.0})
+    assert diagnose(pred, gold, only_select).score == 0.0  # flat: s_local alone, and it is 0
+    only_select_one = only_select.model_copy(update={"leaf_score": "one"})
+    assert diagnose(pred, gold, only_select_one).score == pytest.approx(0.3)  # α·0 + (1−α)·1
+    no_alpha = base.model_copy(update={"alpha": 0.0, "leaf_score": "one"})
     assert diagnose(pred, gold, no_alpha).score == 1.0  # only children count, none on either side
+    nested_pred, nested_gold = "SELECT a FROM t WHERE b IN (SELECT b FROM u)", "SELECT a FROM t WHERE b IN (SELECT c FROM u)"
+    assert diagnose(nested_pred, nested_gold, base.model_copy(update={"alpha": 0.0})).score < 1.0  # α counts where nested
 
 
 def test_structural_score_equals_diagnose_score():

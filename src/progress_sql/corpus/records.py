@@ -138,3 +138,7 @@ class CorpusLayout:
     @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
+
+    @property
+    def import_report(self) -> Path:  # an imported corpus: golds that failed, records dropped
+        return self.root / "import_report.json"

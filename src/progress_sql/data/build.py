@@ -30,7 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from progress_sql.config import Settings
+from progress_sql.config import DataSettings, Settings
 from progress_sql.data.domains import CATALOGUE, Domain
 from progress_sql.data.domains.renaming import renamed_copies
 from progress_sql.data.drafting import Draft, draw_examples
@@ -42,6 +42,10 @@ from progress_sql.data.variants import build_variants
 from progress_sql.sql.sandbox import clear_connection_cache
 
 MANIFEST_FORMAT = 1
+# data.* settings the bundled build does not read (the import's, and where the corpus goes):
+# left out of its manifest, so the bundled corpus does not change when they do.
+NOT_BUNDLED_SETTINGS = frozenset({"out_dir", "source", "mix", "mix_total", "max_failing_gold_share"}
+                                 | {name for name in DataSettings.model_fields if name.startswith("import_")})
 
 
 def split_domains(settings: Settings) -> dict[str, list[Domain]]:
@@ -80,7 +84,7 @@ def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress
     tmp.mkdir()
     try:
         manifest = _build_into(CorpusLayout(tmp), settings, progress)
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -89,7 +93,8 @@ def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress
     return manifest
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``out``, replacing (then deleting) what was there."""
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
         out.rename(old)
@@ -188,7 +193,7 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
         "format": MANIFEST_FORMAT,
         "source": "bundled",
         "seed": settings.data.seed,
-        "settings": settings.data.model_dump(exclude={"mix", "mix_total", "out_dir"}),
+        "settings": settings.data.model_dump(exclude=NOT_BUNDLED_SETTINGS),
         "splits": splits,
         "variants": {v: {"examples": len(variants[v]), "coverage": round(coverage[v], 4)} for v in VARIANTS},
         "databases": databases,
@@ -197,4 +202,4 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     }
 
 
-__all__ = ["MANIFEST_FORMAT", "build_corpus", "sha256_file", "split_domains"]
+__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_corpus", "sha256_file", "split_domains", "swap_into_place"]

@@ -8,8 +8,10 @@ equality for booleans; ``weights.booleans`` is shared equally by the seven boole
 s_child: for each gold child in order, the highest-scoring unmatched predicted child of a
 compatible type is matched (SUBQUERY with SUBQUERY, CTE with the CTE of the same name,
 query nodes SELECT / SET_OP with each other); the sum of matched scores is divided by
-max(#pred children, #gold children). When neither side has children s_child = 1 (nothing
-nested is missing or redundant); when only one side has them it is 0. Unmatched children
+max(#pred children, #gold children). A SELECT with no nested query on either side scores
+s_local alone (``odt.leaf_score: local``, the default; ``one`` takes s_child = 1 there, which
+puts a 1 − α floor under every flat pair: ``SELECT x FROM t`` vs ``SELECT y FROM u`` scored
+0.755, now 0.650); when only one side has children s_child is 0. Unmatched children
 become SUBQUERY_ / CTE_ MISSING or REDUNDANT, or SET_OP_MISMATCH. Tags of matched pairs
 are merged up the tree.
 
@@ -75,6 +77,7 @@ class Scorer:
     def __init__(self, settings: ODTSettings):
         w = settings.weights
         self.alpha = settings.alpha
+        self.leaf_local = settings.leaf_score == "local"
         self.thresholds = settings.thresholds
         self.set_weights = [(name, getattr(w, name)) for name in _SETS]
         self.booleans = w.booleans / len(_BOOLEANS)
@@ -98,6 +101,8 @@ class Scorer:
         local = self.local(sims)
         tags = select_tags(sims, pred.profile, gold.profile, self.thresholds) + tags
         features = {**sims, "s_local": local, "s_child": child_score}
+        if self.leaf_local and not pred.children and not gold.children:
+            return Comparison(local, tags, features)  # nothing nested on either side: no child term
         return Comparison(self.alpha * local + (1.0 - self.alpha) * child_score, tags, features)
 
     def set_op(self, pred: Node, gold: Node) -> Comparison:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -46,6 +47,10 @@ class ODTThresholds(Section):
 
 class ODTSettings(Section):
     alpha: float = Field(0.70, ge=0.0, le=1.0)
+    # A SELECT node with no nested query on either side. local: it scores s_local alone (no
+    # child term to mix in); one: s_child = 1, the convention that puts a 1 − α floor under
+    # any flat pair (docs/design.md, "ODT structural score").
+    leaf_score: Literal["local", "one"] = "local"
     weights: ODTFeatureWeights = ODTFeatureWeights()
     thresholds: ODTThresholds = ODTThresholds()
     profile_cache_size: int = Field(8192, ge=0)

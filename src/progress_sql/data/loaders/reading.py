@@ -169,6 +169,9 @@ class RecordAt:
     def get(self, key: str) -> object:
         return self._obj().get(key)
 
+    def has(self, key: str) -> bool:
+        return key in self._obj()
+
 
 @dataclass(frozen=True)
 class Skipped:
