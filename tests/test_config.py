@@ -60,7 +60,7 @@ def test_defaults_md_numbers_are_present():
         ({"odt": {"alpha": 1.5}}, "odt.alpha"),
         ({"odt": {"alpah": 0.5}}, "odt.alpah: unknown key"),
         ({"rewards": {"progress": {"gamma": "half"}}}, "rewards.progress.gamma"),
-        ({"rewards": {"progress": {"gamma": 1.0}}}, "rewards.progress.gamma"),
+        ({"rewards": {"progress": {"gamma": 1.5}}}, "rewards.progress.gamma"),  # 1.0 is allowed: no decay
         ({"sandbox": {"timeout_s": -1}}, "sandbox.timeout_s"),
         ({"data": {"n_databases": 3, "n_dev_databases": 2, "n_test_databases": 2}}, "n_databases"),
         ({"rewards": {"reasoning_sql": {"judge_backend": "gpt"}}}, "rewards.reasoning_sql.judge_backend"),

@@ -1,4 +1,5 @@
-"""Vote@k over execution-result classes, and pass@k (pure: hand-made execution results)."""
+"""Vote@k over execution-result classes (results only: no gold information), under Spider and
+BIRD semantics, and pass@k (pure: hand-made execution results)."""
 
 from __future__ import annotations
 
@@ -25,45 +26,59 @@ EMPTY = ok()
 
 
 def test_majority_class_wins_and_its_first_member_answers():
-    outcome = vote([B, A_SWAPPED, A, ERROR, A_REORDERED], order_matters=False)
+    outcome = vote([B, A_SWAPPED, A, ERROR, A_REORDERED])
     assert outcome.winner == 1  # A_SWAPPED, A, A_REORDERED are one class; A_SWAPPED came first
     assert outcome.votes == 3 and outcome.valid == 4
     assert outcome.classes == ((0,), (1, 2, 4))
 
 
 def test_ties_go_to_the_class_seen_first():
-    assert vote([B, A, A, B], order_matters=False).winner == 0
-    assert vote([A, B, B, A], order_matters=False).winner == 0
-    assert vote([ERROR, A, B], order_matters=False).winner == 1
+    assert vote([B, A, A, B]).winner == 0
+    assert vote([A, B, B, A]).winner == 0
+    assert vote([ERROR, A, B]).winner == 1
 
 
 def test_invalid_candidates_never_win_unless_all_are_invalid():
-    assert vote([ERROR, None, ERROR, B], order_matters=False).winner == 3
+    assert vote([ERROR, None, ERROR, B]).winner == 3
     cut = ExecResult(rows=((1,),), truncated=True)
     assert not is_valid(cut) and not is_valid(None) and not is_valid(ERROR)
-    assert vote([cut, cut, B], order_matters=False).winner == 2  # truncated results cannot be compared
-    outcome = vote([None, ERROR, cut], order_matters=False)
+    assert vote([cut, cut, B]).winner == 2  # truncated results cannot be compared
+    assert vote([cut, cut, B], "bird").winner == 2
+    outcome = vote([None, ERROR, cut])
     assert (outcome.winner, outcome.votes, outcome.valid, outcome.all_invalid) == (0, 0, 0, True)
 
 
-def test_order_matters_only_when_the_gold_is_ordered():
-    assert len(equivalence_classes([A, A_REORDERED], order_matters=False)) == 1
-    assert len(equivalence_classes([A, A_REORDERED], order_matters=True)) == 2
-    assert vote([A_REORDERED, A, A], order_matters=True).winner == 1
+def test_grouping_reads_results_only_never_the_gold_order():
+    # Row order never separates candidates, whatever the gold (voting cannot see it).
+    for semantics in ("spider", "bird"):
+        assert len(equivalence_classes([A, A_REORDERED], semantics)) == 1
+        assert vote([A_REORDERED, A, A], semantics).winner == 0
+    with pytest.raises(TypeError, match="results only"):
+        vote([A, A_REORDERED], True)  # the old gold-order argument is refused, not taken as a semantics
+
+
+def test_bird_groups_sets_of_rows_without_column_permutation():
+    twice, once = ok((1, "a"), (1, "a")), ok((1, "a"))
+    assert len(equivalence_classes([twice, once], "bird")) == 1  # sets: duplicates do not count
+    assert len(equivalence_classes([A, A_SWAPPED], "bird")) == 2  # rows as tuples: no column permutation
+    assert len(equivalence_classes([A, A_SWAPPED], "spider")) == 1
+    outcome = vote([twice, A_SWAPPED, once, A], "bird")
+    assert (outcome.winner, outcome.votes, outcome.classes) == (0, 2, ((0, 2), (1,), (3,)))
+    assert vote([EMPTY, ok(columns=("x",)), A], "bird").votes == 2  # empty results are one answer
 
 
 def test_bag_semantics_and_empty_results():
     twice = ok((1, "a"), (1, "a"))
     once = ok((1, "a"))
-    assert len(equivalence_classes([twice, once], order_matters=False)) == 2  # duplicates count
+    assert len(equivalence_classes([twice, once])) == 2  # duplicates count
     # an empty result is a valid answer; empty results are equal whatever their columns
-    outcome = vote([EMPTY, A, ok(columns=("x", "y")), ERROR], order_matters=False)
+    outcome = vote([EMPTY, A, ok(columns=("x", "y")), ERROR])
     assert (outcome.winner, outcome.votes) == (0, 2)
 
 
 def test_no_candidates_is_an_error():
     with pytest.raises(ValueError, match="at least one"):
-        vote([], order_matters=False)
+        vote([])
 
 
 ROWSETS = [(), ((1,),), ((2,),), ((1,), (2,)), ((2,), (1,)), ((1, "x"),), (("x", 1),), ((1,), (1,))]
@@ -73,9 +88,9 @@ candidates = st.lists(
 
 
 @hsettings(max_examples=200, deadline=None)
-@given(candidates, st.booleans())
-def test_vote_properties(results, ordered):
-    outcome = vote(results, ordered)
+@given(candidates, st.sampled_from(["spider", "bird"]))
+def test_vote_properties(results, semantics):
+    outcome = vote(results, semantics)
     sizes = [len(c) for c in outcome.classes]
     assert sorted(i for c in outcome.classes for i in c) == [i for i, r in enumerate(results) if is_valid(r)]
     if outcome.valid:
@@ -85,7 +100,9 @@ def test_vote_properties(results, ordered):
         assert outcome.winner == first_max[0]
     else:
         assert outcome.winner == 0
-    assert vote(results, ordered) == outcome  # deterministic
+    assert vote(results, semantics) == outcome  # deterministic
+    # a function of the results alone: the same multiset in another order gives classes of the same sizes
+    assert sorted(map(len, vote(results[::-1], semantics).classes)) == sorted(sizes)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 2), (8, 3, 8), (8, 0, 4), (8, 8, 1), (5, 2, 3), (10, 4, 1)])

@@ -414,3 +414,42 @@ def test_mix_of_loaded_datasets(spider_root, bird_root, synsql_root, caplog):
     assert "fewer than the 20000 asked for" in caplog.text
     assert sorted(e.id for e in mixed) == sorted(e.id for s in sources.values() for e in s)
     assert all(Path(e.meta["db_path"]).is_file() for e in mixed)
+
+
+# ----------------------------------------------------------------------------- for the import
+def test_loaders_name_the_record_they_skip_and_give_the_datasets_semantics(spider_root, bird_root, synsql_root):
+    train = load_spider(spider_root, "train")
+    assert train.skipped[0].where == f"{spider_root / 'train_spider.json'}: record 2"
+    assert {e.semantics for e in train.examples} == {"spider"}
+    assert {e.semantics for e in load_bird(bird_root, "dev").examples} == {"bird"}  # BIRD's EX: sets of rows
+    assert {e.semantics for e in load_synsql(synsql_root).examples} == {"bird"}  # OmniSQL compares sets too
+
+
+def test_synsql_indices_convert_only_the_chosen_records(synsql_root):
+    from progress_sql.data.loaders import count_synsql_records
+
+    assert count_synsql_records(synsql_root) == 4
+    chosen = load_synsql(synsql_root, indices=[3, 0, 2])
+    assert [e.meta["source_index"] for e in chosen.examples] == [0, 3]
+    assert [s.index for s in chosen.skipped] == [2]  # record 2's gold does not parse
+    assert load_synsql(synsql_root, indices=[]).examples == []
+
+
+def test_spider_variants_read_their_published_files(spider_root, tmp_path):
+    from progress_sql.data.loaders import load_spider_variant
+
+    dev = [_spider_record(*r) for r in SPIDER_DEV]
+    syn = [{"db_id": r["db_id"], "query": r["query"], "SpiderQuestion": r["question"],
+            "SpiderSynQuestion": r["question"].replace("pets", "animals")} for r in dev]
+    _write_json(tmp_path / "Spider-Syn" / "dev.json", syn)
+    loaded = load_spider_variant(tmp_path / "Spider-Syn", "syn", spider_root)
+    assert [e.id for e in loaded.examples] == ["spider-syn-000000", "spider-syn-000001"]
+    assert loaded.examples[0].question == "What types of animals are there?"
+    assert loaded.examples[0].meta["original_question"] == "What types of pets are there?"
+    assert loaded.examples[0].meta["db_path"] == str(spider_database_path(spider_root, "pets_1"))
+    _write_json(tmp_path / "Spider-DK.json", dev[:1])
+    assert load_spider_variant(tmp_path / "Spider-DK.json", "dk", spider_root).examples[0].meta["variant"] == "dk"
+    # no Spider folder and no database/ beside the file: the record is skipped as database missing
+    assert load_spider_variant(tmp_path / "Spider-DK.json", "dk").skip_counts() == {"database missing": 1}
+    with pytest.raises(CorpusError, match="expected a file, or a folder holding spider-realistic.json"):
+        load_spider_variant(tmp_path, "realistic", spider_root)

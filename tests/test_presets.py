@@ -1,11 +1,15 @@
 """Presets (configs/presets/*.yaml): overlays of params.yaml merged before the --set overrides.
-Every shipped preset validates; an unknown name lists the available ones; a malformed file is
-an error naming the file; ``--preset`` is a global option of the CLI; the test helpers' demo
-configuration is the cpu-demo preset."""
+Every shipped preset validates and runs one RL step with the tiny model in place of its model;
+the papers' presets carry the papers' numbers and the ablations differ from progress-sql only in
+their terms; an unknown name lists the available ones; a malformed file is an error naming the
+file; ``--preset`` is a global option that every command reading settings takes; a missing model
+folder stops the stage that loads it at once, naming the setting; ``preset show --as-set`` gives
+``dvc exp run`` the preset's values; the test helpers' demo configuration is the cpu-demo preset."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -120,3 +124,247 @@ def test_the_test_helpers_demo_configuration_is_the_cpu_demo_preset(tmp_path):
     for key, value in _leaves(load_preset("cpu-demo", PRESETS)[0]).items():
         assert overrides[key] == value
     assert load_settings(PARAMS, overrides).data == demo.data.model_copy(update={"out_dir": str(tmp_path / "corpus")})
+
+
+# ----------------------------------------------------------------------------- the papers' presets
+MODEL = "models/Qwen2.5-Coder-7B-Instruct"
+PAPERS = ("progress-sql", "oneshot", "reasoning-sql", "sql-trail", "skyrl-sql")
+ABLATIONS = {  # Table 3 of the Progress-SQL paper: what each changes in the progress-sql preset
+    "progress-sql-single-turn": {"rl.env": "single_turn", "rewards.progress.align_pos": 0.0,
+                                 "rewards.progress.align_neg": 0.0},
+    "progress-sql-no-decay": {"rewards.progress.gamma": 1.0},
+    "progress-sql-no-align": {"rewards.progress.align_pos": 0.0, "rewards.progress.align_neg": 0.0},
+    "progress-sql-no-exec-status": {"rewards.progress.keep": 0.0, "rewards.progress.recover": 0.0,
+                                    "rewards.progress.deteriorate": 0.0},
+}
+
+
+def _overlay(name: str) -> dict:
+    return _leaves(load_preset(name, PRESETS)[0])
+
+
+def test_the_papers_presets_and_ablations_are_shipped_and_name_their_sources():
+    assert set(PAPERS) | set(ABLATIONS) <= set(SHIPPED)
+    for name in (*PAPERS, *ABLATIONS):
+        header = [line for line in (PRESETS / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
+                  if line.startswith("#")]
+        assert any(word in " ".join(header) for word in ("Source", "Table 3", "Appendix E.1")), name
+        assert f"preset show {name} --as-set" in " ".join(header), f"{name}: its dvc exp run line"
+
+
+def test_progress_sql_has_the_papers_numbers():
+    from progress_sql.train.trajectories import max_sequence_tokens
+
+    s = load_settings(PARAMS, preset="progress-sql")
+    assert s.rl.init_from == MODEL and s.rl.init_from != s.sft.out_dir  # no SFT: RL from the instruct model
+    assert (s.rl.recipe, s.rl.env, s.rl.algorithm, s.env.prompt_style) == ("progress", "odt_feedback", "grpo", "paper")
+    assert (s.rl.group_size, s.generation.temperature, s.env.max_turns, s.rewards.progress.gamma) == (8, 1.0, 4, 0.5)
+    assert max_sequence_tokens(s.generation, s.env.max_turns) == 8192
+    d = s.data
+    assert (d.source, d.import_sampling, d.mix_total, set(d.import_train)) == ("import", "random", 20000,
+                                                                              {"spider", "bird", "synsql"})
+    assert all((d.import_spider, d.import_bird, d.import_synsql, d.import_spider_syn, d.import_spider_realistic,
+                d.import_spider_dk))
+    e = s.eval
+    assert e.greedy and (e.vote_k, e.max_examples) == (8, 0) and set(e.splits) == {"dev", "test", "syn", "realistic", "dk"}
+    assert (s.rl.deepspeed, s.rl.deepspeed_config, s.generation.backend) == ("always", "configs/deepspeed/zero3.json",
+                                                                            "vllm")
+    assert s.tracking.model_name != load_settings(PARAMS).tracking.model_name  # not the CPU policy's champion
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_an_ablation_is_progress_sql_but_for_its_terms(name):
+    assert _overlay(name) == {**_overlay("progress-sql"), **ABLATIONS[name]}
+    load_settings(PARAMS, preset=name)  # γ = 1.0 validates: the no-decay ablation can run
+
+
+def test_oneshot_is_progress_sql_with_the_one_shot_reward():
+    expected = {k: v for k, v in _overlay("progress-sql").items() if not k.startswith("rewards.")}
+    expected.update({"rl.recipe": "oneshot", "rl.env": "single_turn", "rewards.oneshot.correct": 2.0,
+                     "rewards.oneshot.executable": 0.5, "rewards.oneshot.format": 0.5})
+    assert _overlay("oneshot") == expected
+
+
+def test_reasoning_sql_sql_trail_and_skyrl_sql_have_their_numbers():
+    r = load_settings(PARAMS, preset="reasoning-sql")
+    assert (r.rl.recipe, r.rl.env, r.rl.group_size, r.rl.lr, r.rl.schedule) == ("reasoning_sql", "single_turn", 6,
+                                                                                1e-6, "constant")
+    assert r.rl.questions_per_step * 8 == 32 and r.rl.warmup_steps == math.ceil(0.001 * r.rl.steps)
+    assert r.rl.algorithm == "dr_grpo" and r.rl.aggregation == "seq_mean_token_mean"  # r − mean, GRPO's loss
+    w = r.rewards.reasoning_sql
+    assert (w.exec, w.judge, w.syntax, w.schema_linking, w.ngram, w.format, w.ngram_n) == (3, 2, 1, 1, 1, 1, 2)
+    assert w.judge_backend == "openai" and w.judge_endpoint and r.rl.init_from == MODEL
+
+    t = load_settings(PARAMS, preset="sql-trail")
+    assert (t.rl.recipe, t.rl.env, t.rl.group_size, t.rl.kl_beta, t.rl.clip_eps, t.rl.clip_eps_high) == (
+        "sql_trail", "exec_feedback", 6, 0.0, 0.2, 0.28)
+    assert t.env.trail_max_turns == 10 and t.generation.temperature == 1.0
+    p = t.rewards.sql_trail
+    assert (p.exec, p.turns, p.schema_linking, p.bigram, p.syntax, p.format) == (5, 2, 1, 1, 1, 1)
+    assert t.sft.init_from == MODEL and t.rl.init_from == t.sft.out_dir  # SFT, then RL from its checkpoint
+    assert t.eval.multi_turn
+
+    k = load_settings(PARAMS, preset="skyrl-sql")
+    assert (k.rl.recipe, k.rl.env, k.rl.kl_beta, k.rl.group_size) == ("skyrl", "exec_feedback", 0.0, 5)
+    assert (k.rewards.skyrl.bad_format, k.rewards.skyrl.wrong, k.rewards.skyrl.correct) == (-1, 0, 1)
+    assert k.env.trail_max_turns + 1 == 6 and (k.generation.temperature, k.generation.top_p) == (0.6, 0.95)
+
+
+# ----------------------------------------------------------------------------- the model folder
+def test_model_settings_name_local_folders_or_hub_ids(tmp_path):
+    from progress_sql.config import is_local_model_path
+
+    for local in (MODEL, "outputs/sft", str(tmp_path / "x"), "./m", "~/m", str(tmp_path)):
+        assert is_local_model_path(local), local
+    for remote in ("Qwen/Qwen2.5-Coder-7B-Instruct", "smollm2", "org/models"):
+        assert not is_local_model_path(remote), remote
+
+
+def test_a_missing_model_stops_the_stage_at_once_naming_the_setting(tmp_path, monkeypatch):
+    from progress_sql.config import check_model_paths
+
+    monkeypatch.chdir(tmp_path)  # no params.yaml, no corpus, no model: built-in defaults, the checkout's presets
+    runner = CliRunner()
+    off = ["--set", "tracking.enabled=false", "--no-progress"]
+    rl = runner.invoke(app, ["--preset", "progress-sql", "train", "rl", *off])
+    assert rl.exit_code == 1 and f"rl.init_from: {MODEL} does not exist" in rl.output, rl.output
+    sft = runner.invoke(app, ["--preset", "sql-trail", "train", "sft", *off])
+    assert sft.exit_code == 1 and f"sft.init_from: {MODEL} does not exist" in sft.output, sft.output
+    assert not any(tmp_path.iterdir()), "nothing ran before the check"
+    # what needs no model runs with the preset: the settings, the ODT, the registry's own checks
+    settings = load_settings(PARAMS, preset="progress-sql")
+    assert runner.invoke(app, ["--preset", "progress-sql", "odt", "diff", "SELECT 1", "SELECT 1"]).exit_code == 0
+    (tmp_path / "models" / "Qwen2.5-Coder-7B-Instruct").mkdir(parents=True)
+    check_model_paths(settings, "rl.init_from")  # there now
+    with pytest.raises(SettingsError, match="sft.init_from: outputs/tiny-base does not exist"):
+        check_model_paths(settings, "rl.init_from", "sft.init_from")  # the pipeline's own folders too
+
+
+# ----------------------------------------------------------------------------- every command
+def test_every_command_that_reads_settings_takes_the_preset():
+    import typer.main
+
+    def leaves(cmd, path=()):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from leaves(sub, path + (name,))
+        else:
+            yield path, cmd
+
+    runner, without = CliRunner(), set()
+    for path, cmd in leaves(typer.main.get_command(app)):
+        if path[0] == "preset":  # the presets' own commands take a preset by name
+            continue
+        if not any("--params" in p.opts for p in cmd.params):  # typer's own click classes: by name
+            without.add(path)
+            continue
+        required = [p for p in cmd.params if p.required]
+        args = [a for p in required for a in (["1"] if p.param_type_name == "argument" else [p.opts[0], "1"])]
+        result = runner.invoke(app, ["--preset", "cpu-huge", *path, *args])
+        assert result.exit_code == 2 and "unknown preset 'cpu-huge'" in result.output, (path, result.output)
+    assert without <= {("compare",), ("ui",)}, without  # they read no settings
+
+
+# ----------------------------------------------------------------------------- DVC
+def _as_set(name: str) -> list[str]:
+    """``progress-sql preset show NAME --as-set`` split as the shell splits ``$(...)``."""
+    result = CliRunner().invoke(app, ["preset", "show", name, "--as-set", "--params", str(PARAMS)])
+    assert result.exit_code == 0, result.output
+    return result.output.split()
+
+
+def _dvc_applies(args: list[str], params_file) -> None:
+    """What ``dvc exp run ARGS`` does to params.yaml before it runs (dvc.repo.experiments:
+    ``-S`` grouped by file, then Hydra's overrides applied to it)."""
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import apply_overrides
+
+    assert args[::2] == ["-S"] * (len(args) // 2) and len(args) % 2 == 0
+    groups = to_path_overrides(args[1::2])
+    assert set(groups) <= {"params.yaml"}  # cpu-long changes nothing: no arguments
+    if groups:
+        apply_overrides(params_file, groups["params.yaml"])
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_dvc_exp_run_takes_a_preset_as_set_params(name, tmp_path):
+    pytest.importorskip("dvc")
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text(encoding="utf-8"), encoding="utf-8")
+    _dvc_applies(_as_set(name), params)
+    assert load_settings(params) == load_settings(PARAMS, preset=name)
+
+
+def test_set_params_quote_what_yaml_would_misread(tmp_path):
+    pytest.importorskip("dvc")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("rewards:\n  reasoning_sql:\n    judge_backend: 'off'\n    judge_model: \"it's-1.0\"\n"
+                    "rl:\n  lr: 1.0e-7\n  hardness: [easy, hard]\n  save_rollouts: false\n")
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text(encoding="utf-8"), encoding="utf-8")
+    _dvc_applies(_as_set(str(mine)), params)
+    loaded = load_settings(params)
+    assert loaded == load_settings(PARAMS, preset=str(mine))
+    assert loaded.rewards.reasoning_sql.judge_model == "it's-1.0" and loaded.rl.hardness == ["easy", "hard"]
+    spaced = tmp_path / "spaced.yaml"
+    spaced.write_text("rewards:\n  reasoning_sql:\n    judge_model: two words\n")
+    result = CliRunner().invoke(app, ["preset", "show", str(spaced), "--as-set", "--params", str(PARAMS)])
+    assert result.exit_code == 2 and "a value with a space" in result.output
+
+
+# ----------------------------------------------------------------------------- one RL step of each
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory):
+    """(corpus, policy): the trainer tests' corpus and the tiny model after a short SFT in the
+    think_sql format, shared by every preset's step (a preset whose format differs still runs)."""
+    torch = pytest.importorskip("torch")
+    from test_trainer import _corpus, _settings
+
+    from progress_sql.train.sft import run_sft
+    from progress_sql.train.tiny import build_tiny_model
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("presets")
+    corpus = _corpus(root / "corpus")
+    s = _settings()
+    base = build_tiny_model(corpus, s, root / "base")
+    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 30.0
+    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
+    run_sft(s, corpus, out_dir=root / "sft", progress=False)
+    return corpus, root / "sft"
+
+
+def _one_step(policy, out, judge_url: str) -> dict:
+    """On top of a preset: the tiny model for its model, tiny sizes and lengths, one step, plain
+    torch, transformers generation, the judge (where a preset turns it on) at ``judge_url``.
+    The recipe, environment, algorithm, G, turn budgets, rewards and rates stay the preset's."""
+    return {"rl.init_from": str(policy), "rl.out_dir": str(out), "rl.steps": 1, "rl.questions_per_step": 2,
+            "rl.micro_batch_size": 8, "rl.deepspeed": "never", "rl.max_minutes": 10.0, "rl.checkpoint_every": 1,
+            "generation.backend": "transformers", "generation.max_new_tokens": 24,
+            "generation.max_prompt_tokens": 1536, "generation.batch_size": 64, "tracking.enabled": False,
+            "rewards.reasoning_sql.judge_endpoint": judge_url, "rewards.reasoning_sql.judge_timeout_s": 5.0}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_one_rl_step_of_each_preset_with_the_tiny_model(name, tiny_policy, tmp_path):
+    from test_rl_judge import JudgeServer
+
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = tiny_policy
+    with JudgeServer() as judge:
+        s = load_settings(PARAMS, _one_step(policy, tmp_path / "rl", judge.url), preset=name)
+        preset = load_settings(PARAMS, preset=name)
+        result = run_rl(s, corpus, progress=False)
+    m = result.metrics[0]
+    assert result.steps == 1 and math.isfinite(m["loss"]) and math.isfinite(m["reward/mean"]), (name, m)
+    ran = json.loads((result.final_dir / "rl_run.json").read_text())["rl"]
+    for key in ("recipe", "env", "algorithm", "group_size", "lr", "kl_beta", "clip_eps_high", "loss_aggregation"):
+        assert ran[key] == getattr(preset.rl, key), (name, key)
+    rows = (result.out_dir / "rollouts" / "step-1.jsonl").read_text().splitlines()
+    assert len(rows) == 2 * preset.rl.group_size, name
+    if preset.rl.env == "single_turn":
+        assert m["turns/mean"] == 1.0
+    if preset.rewards.reasoning_sql.judge_backend != "off" and preset.rl.recipe == "reasoning_sql":
+        assert "judge/asked" in m and m["judge/failed"] == 0, m  # the judge was wired in and answered

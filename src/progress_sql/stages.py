@@ -26,8 +26,14 @@ if TYPE_CHECKING:
 
 
 def build_data(settings: Settings, out: str | Path | None = None, *, progress: bool = True) -> dict[str, Any]:
-    """``build_data``: the bundled corpus into ``out`` (default ``data.out_dir``); its manifest.
-    Deterministic and fingerprinted by its manifest, so it is not an MLflow run."""
+    """``build_data``: the corpus into ``out`` (default ``data.out_dir``); its manifest. By
+    ``data.source``: the bundled corpus (generated from ``data.seed``) or the datasets on disk
+    that ``data.import_*`` name (``data.importing``). Deterministic and fingerprinted by its
+    manifest, so it is not an MLflow run."""
+    if settings.data.source == "import":
+        from progress_sql.data.importing import import_corpus
+
+        return import_corpus(settings, Path(out or settings.data.out_dir), progress=progress)
     from progress_sql.data.build import build_corpus
 
     return build_corpus(settings, Path(out or settings.data.out_dir), progress=progress)
@@ -71,10 +77,12 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow.
     The result and its summary metrics."""
     from progress_sql import tracking
+    from progress_sql.config import check_model_paths
     from progress_sql.tracking.stage_reports import sft_reports
     from progress_sql.train.sft import METRICS_FILE, run_sft
 
     with tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir)):
+        check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
         result = run_sft(settings, corpus_dir, out_dir=out, progress=progress)
         summary = sft_reports(result, Path(report_dir))
         for step, loss in enumerate(result.losses, start=1):
@@ -92,6 +100,7 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
     Each step's metrics go to MLflow as ``rl/<key>``, then to ``on_step`` when given; rl.json
     and rl_curve.csv go to ``report_dir``. The result and its summary metrics."""
     from progress_sql import tracking
+    from progress_sql.config import check_model_paths
     from progress_sql.tracking.stage_reports import rl_reports
     from progress_sql.train.trainer import run_rl
 
@@ -101,6 +110,7 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
             on_step(step, metrics)
 
     with tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)):
+        check_model_paths(settings, "rl.init_from")  # a preset's missing model: at once, naming it
         result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step)
         summary = rl_reports(result, Path(report_dir))
         tracking.log_metrics(summary)

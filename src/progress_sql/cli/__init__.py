@@ -10,6 +10,7 @@ import typer
 from progress_sql.cli.common import PRESET_HELP, set_preset
 from progress_sql.cli.compare import compare
 from progress_sql.cli.odt import app as odt_app
+from progress_sql.cli.preset import app as preset_app
 
 app = typer.Typer(
     name="progress-sql",
@@ -18,6 +19,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(odt_app, name="odt")
+app.add_typer(preset_app, name="preset")
 app.command("compare")(compare)
 
 

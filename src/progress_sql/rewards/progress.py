@@ -29,7 +29,7 @@ class ProgressRewardSettings(Section):
     align_pos: float = Field(0.8, ge=0.0)
     align_neg: float = Field(-0.1, le=0.0)
     acc: float = Field(2.0, gt=0.0)
-    gamma: float = Field(0.5, gt=0.0, lt=1.0)
+    gamma: float = Field(0.5, gt=0.0, le=1.0)  # 1.0: no latency decay, the paper's Table 3 ablation (App. E.2)
     keep: float = Field(0.5, ge=0.0)
     recover: float = Field(0.5, ge=0.0)
     deteriorate: float = Field(-0.5, le=0.0)

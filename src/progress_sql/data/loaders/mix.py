@@ -1,8 +1,11 @@
 """A mixed training set drawn from several loaded corpora with fixed shares (params ``data.mix``).
 
-The paper samples 20,000 training examples from BIRD + Spider + SynSQL. Shares are renormalised
-over the sources actually given; a source with fewer examples than its share gives all it has
-and the others fill the difference in their own proportions (logged, so a run says so).
+The paper samples 20,000 training examples at random from the union of BIRD + Spider + SynSQL;
+``data.importing`` does that by default (``data.import_sampling: random``) and uses
+``plan_mix`` for the fixed-shares option (``shares``). Shares are renormalised over the sources
+actually given; a source with fewer examples than its share gives all it has and the others
+fill the difference in their own proportions (logged, so a run says so). ``mix`` draws from
+examples already in memory.
 """
 
 from __future__ import annotations

@@ -1,0 +1,532 @@
+"""Import datasets on disk into the corpus layout the trainer and the evaluation read
+(``progress-sql data import``, or ``data build`` with ``data.source: import``).
+
+Sources, in their published layouts (``data.import_*``, each a folder; "" when not given):
+
+- Spider: ``tables.json``, ``train_spider.json`` + ``train_others.json``, ``dev.json``,
+  ``test.json`` (with ``test_database/`` and ``test_tables.json``) where present,
+  ``database/<db_id>/<db_id>.sqlite``; test-suite databases ``test_suite_database/<db_id>/*.sqlite``
+  (or ``data.import_test_suite``) become the TS neighbours of the dev/test databases;
+- BIRD: ``train/train.json``, ``dev/dev.json`` (``evidence``, ``difficulty``),
+  ``*/<split>_databases/``, ``*/<split>_tables.json``;
+- SynSQL-2.5M: ``data.json``, ``tables.json``, ``databases/`` (train only);
+- Spider-Syn, Spider-Realistic, Spider-DK files: the ``syn``, ``realistic``, ``dk`` splits
+  (empty when not given: an import generates no variants).
+
+What the corpus gets:
+
+- train: ``data.mix_total`` examples drawn from the union of the given train sets
+  (``data.import_train``), seeded by ``data.seed``: uniformly over the union
+  (``data.import_sampling: random``, progress-sql.md Appendix B) or by the fixed shares
+  ``data.mix`` (``shares``). SynSQL is drawn by record position, so only the drawn records are
+  converted. A drawn example whose gold fails on its database (an SQLite error, or no result
+  within ``data.gold_timeout_s``) is dropped and the next one in the draw order takes its place.
+- dev / test: the dev (and Spider test) sets of ``data.import_eval``; golds that fail are kept
+  (they count as wrong for every model, as in the official evaluators) and reported.
+- every example's ``semantics`` (``sql.verdict``): ``spider`` for Spider and its variants,
+  ``bird`` for BIRD and SynSQL. The manifest's ``semantics`` names the corpus's one semantics,
+  or ``mixed`` when examples differ (each then carries its own).
+- ``databases/<db_id>/<db_id>.sqlite``: the databases the examples use, copied (or linked,
+  ``data.import_databases: symlink``); ``tables.json``: their entries from the sources'
+  tables files; ``neighbours/``; ``manifest.json``; ``import_report.json``: every failing gold
+  by id with its error, every record dropped and why.
+
+The failing golds over all checked (train candidates and dev/test) may be at most
+``data.max_failing_gold_share``; above it the import fails. Bad input (a missing file, a record
+without its gold, a ``db_id`` without a database, a file that is not SQLite, one ``db_id`` for
+two different databases) is a CorpusError naming the file and the record. Sources are only
+read; the corpus is written beside ``out_dir`` and renamed into place at the end, so a failed
+import leaves the previous corpus (or nothing).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tqdm import tqdm
+
+from progress_sql.config import Settings
+from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
+from progress_sql.corpus.schema import schema_from_spider
+from progress_sql.data.build import MANIFEST_FORMAT, sha256_file, swap_into_place
+from progress_sql.data.loaders import (
+    LoadResult,
+    count_synsql_records,
+    load_bird,
+    load_spider,
+    load_spider_variant,
+    load_synsql,
+    plan_mix,
+)
+from progress_sql.sql import HARDNESS_LEVELS, SQLPool
+from progress_sql.sql.sandbox import clear_connection_cache
+from progress_sql.sql.verdict import comparison_sql
+
+log = logging.getLogger(__name__)
+
+DATASETS = ("spider", "bird", "synsql")
+VARIANT_SETTINGS = {"syn": "import_spider_syn", "realistic": "import_spider_realistic", "dk": "import_spider_dk"}
+SQLITE_HEADER = b"SQLite format 3\x00"
+_META_DROPPED = ("db_path", "tables_json")  # the source's paths: the corpus has its own
+
+
+def given_datasets(settings: Settings) -> dict[str, Path]:
+    """The dataset folders ``data.import_*`` names (spider / bird / synsql), as given."""
+    data = settings.data
+    paths = {"spider": data.import_spider, "bird": data.import_bird, "synsql": data.import_synsql}
+    return {name: Path(path).expanduser() for name, path in paths.items() if path}
+
+
+def import_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Import the datasets of ``data.import_*`` into ``out_dir`` (default ``data.out_dir``)
+    atomically; the manifest (plus ``build_seconds``, not written)."""
+    out = Path(out_dir if out_dir is not None else settings.data.out_dir)
+    datasets = given_datasets(settings)
+    if not datasets:
+        raise CorpusError("no dataset to import: set data.import_spider, data.import_bird or data.import_synsql")
+    sources = [*datasets.values(), *(Path(getattr(settings.data, key)).expanduser()
+                                     for key in VARIANT_SETTINGS.values() if getattr(settings.data, key))]
+    for source in sources:
+        root = (source if source.is_dir() else source.parent).resolve()
+        if out.resolve().is_relative_to(root) or root.is_relative_to(out.resolve()):
+            raise CorpusError(f"{out}: the corpus folder and the dataset folder {root} overlap; sources are "
+                              "read-only and the corpus folder is replaced: choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    started = time.perf_counter()
+    try:
+        with SQLPool(settings.sandbox.workers, settings=settings.sandbox) as pool:
+            manifest = _Importer(settings, CorpusLayout(tmp), datasets, pool, progress).run()
+        swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        clear_connection_cache()  # the sandbox's cached connections point into the temp folder
+    manifest["build_seconds"] = round(time.perf_counter() - started, 3)
+    return manifest
+
+
+# ----------------------------------------------------------------------------- the train draw
+@dataclass
+class _Pool:
+    """One dataset's train set as the draw sees it: ``size`` positions, and ``take`` turning
+    positions into examples (position → Example; a position left out was dropped)."""
+
+    name: str
+    size: int
+    take: Callable[[Sequence[int]], dict[int, Example]]
+
+
+class _Order:
+    """A seeded draw order over ``(dataset, position)`` pairs, decoded lazily (a permutation of
+    2.5M positions is a list of ints, not of tuples)."""
+
+    def __init__(self, names: Sequence[str], sizes: Sequence[int], seed: str) -> None:
+        self.names = list(names)
+        self.starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        total = sum(sizes)
+        self.perm = random.Random(seed).sample(range(total), total)
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def decode(self, start: int, stop: int) -> list[tuple[str, int]]:
+        out = []
+        for flat in self.perm[start:stop]:
+            i = bisect.bisect_right(self.starts, flat) - 1
+            out.append((self.names[i], flat - self.starts[i]))
+        return out
+
+
+def _hash_copy(src: Path, dest: Path) -> str:
+    """Copy ``src`` to ``dest`` (reading the source once); the sha256 of the bytes."""
+    digest = hashlib.sha256()
+    with src.open("rb") as fin, dest.open("wb") as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            digest.update(block)
+            fout.write(block)
+    return digest.hexdigest()
+
+
+def _describe(ex: Example) -> str:
+    file = ex.meta.get("file")
+    return f"{ex.id} ({ex.source} record {ex.meta.get('source_index')}{f' of {file}' if file else ''})"
+
+
+class _Importer:
+    def __init__(self, settings: Settings, layout: CorpusLayout, datasets: dict[str, Path], pool: SQLPool,
+                 progress: bool) -> None:
+        self.settings, self.data = settings, settings.data
+        self.layout, self.datasets, self.pool = layout, datasets, pool
+        self.progress = progress
+        self.db_sources: dict[str, Path] = {}  # db_id → the source file it was taken from
+        self.db_info: dict[str, dict[str, Any]] = {}
+        self.failing: list[dict[str, Any]] = []  # golds that do not execute, by id
+        self.dropped: list[dict[str, Any]] = []  # records left out by a loader (gold does not parse)
+        self.checked = 0
+        self.draw: dict[str, Any] = {}
+
+    # -- loading
+    def _accept(self, loaded: LoadResult, dataset: str) -> list[Example]:
+        """The loaded examples; a record without its database is an error, one whose gold
+        does not parse is dropped and reported."""
+        for skip in loaded.skipped:
+            if skip.reason.startswith("database missing"):
+                path = skip.reason.split(": ", 1)[1]
+                raise CorpusError(f"{skip.where or skip.id}: db_id has no database ({path} not found)")
+            self.dropped.append({"id": skip.id, "dataset": dataset, "split": loaded.split, "where": skip.where,
+                                 "reason": skip.reason})
+        return loaded.examples
+
+    def _pools(self) -> dict[str, _Pool]:
+        pools: dict[str, _Pool] = {}
+        for name in self.data.import_train:
+            root = self.datasets.get(name)
+            if root is None:
+                continue
+            if name == "synsql":
+                def take(positions: Sequence[int], root: Path = root) -> dict[int, Example]:
+                    examples = self._accept(load_synsql(root, indices=positions), "synsql")
+                    return {ex.meta["source_index"]: ex for ex in examples}
+
+                pools[name] = _Pool(name, count_synsql_records(root), take)
+            else:
+                loaded = load_spider(root, "train") if name == "spider" else load_bird(root, "train")
+                examples = self._accept(loaded, name)
+                pools[name] = _Pool(name, len(examples), lambda positions, ex=examples: {p: ex[p] for p in positions})
+        if not pools:
+            raise CorpusError(f"no train set: data.import_train is {list(self.data.import_train)} but only "
+                              f"{', '.join(sorted(self.datasets))} given")
+        return pools
+
+    def _draw_train(self, bar: tqdm) -> list[Example]:
+        data = self.data
+        pools = self._pools()
+        names = sorted(pools)
+        sizes = {name: pools[name].size for name in names}
+        streams: list[tuple[int, _Order]] = []
+        if data.import_sampling == "random":
+            streams.append((data.mix_total, _Order(names, [sizes[n] for n in names], f"{data.seed}:import:union")))
+            plan = None
+        else:
+            ratios = {name: getattr(data.mix, name) for name in names}
+            plan = plan_mix(sizes, ratios, data.mix_total)
+            streams += [(plan[n], _Order([n], [sizes[n]], f"{data.seed}:import:{n}")) for n in names]
+        chosen: list[Example] = []
+        examined = 0
+        for quota, order in streams:
+            kept: list[Example] = []
+            cursor = 0
+            while len(kept) < quota and cursor < len(order):
+                batch = order.decode(cursor, cursor + quota - len(kept))
+                cursor += len(batch)
+                by_name: dict[str, list[int]] = {}
+                for name, position in batch:
+                    by_name.setdefault(name, []).append(position)
+                taken = {name: pools[name].take(positions) for name, positions in by_name.items()}
+                candidates = [taken[name][pos] for name, pos in batch if pos in taken[name]]
+                examined += len(candidates)
+                self._place(candidates)
+                kept += [ex for ex, ok in zip(candidates, self._check(candidates, "train")) if ok]
+                bar.set_postfix_str(f"train {len(kept)}/{quota}")
+            chosen += kept
+        if plan is not None:
+            random.Random(f"{data.seed}:import:order").shuffle(chosen)
+        if not chosen:
+            raise CorpusError(f"no usable train example in {', '.join(names)}: every drawn gold failed or did not parse "
+                              f"(see the failing golds: {', '.join(f['id'] for f in self.failing[:5]) or 'none'})")
+        if len(chosen) < data.mix_total:
+            log.warning("import: %d train examples, fewer than data.mix_total %d (the train sets hold no more "
+                        "usable ones)", len(chosen), data.mix_total)
+        self.draw = {
+            "sampling": data.import_sampling,
+            "total": data.mix_total,
+            "available": sizes,
+            "planned": plan,
+            "examined": examined,
+            "drawn": dict(sorted(Counter(ex.source for ex in chosen).items())),
+        }
+        return chosen
+
+    def _eval_sets(self) -> tuple[list[Example], list[Example]]:
+        dev: list[Example] = []
+        test: list[Example] = []
+        for name in self.data.import_eval:
+            root = self.datasets.get(name)
+            if root is None:
+                continue
+            if name == "spider":
+                dev += self._accept(load_spider(root, "dev"), name)
+                if (root / "test.json").is_file():
+                    test += self._accept(load_spider(root, "test"), name)
+            else:
+                dev += self._accept(load_bird(root, "dev"), name)
+        if not dev:
+            raise CorpusError(f"no dev set: data.import_eval is {list(self.data.import_eval)}, and of those only "
+                              f"{', '.join(n for n in self.data.import_eval if n in self.datasets) or 'none'} given")
+        return dev, test
+
+    def _variants(self) -> dict[str, list[Example]]:
+        out: dict[str, list[Example]] = {}
+        for variant, key in VARIANT_SETTINGS.items():
+            path = getattr(self.data, key)
+            if path:
+                loaded = load_spider_variant(Path(path).expanduser(), variant, self.datasets.get("spider"))
+                out[variant] = self._accept(loaded, f"spider-{variant}")
+        return out
+
+    # -- databases
+    def _place(self, examples: Sequence[Example]) -> None:
+        """Copy (or link) the databases of ``examples`` into the corpus, once each."""
+        for ex in examples:
+            src = Path(ex.meta["db_path"])
+            known = self.db_sources.get(ex.db_id)
+            if known is not None:
+                if known != src and not _same_file(known, src):
+                    raise CorpusError(f"{_describe(ex)}: db_id {ex.db_id!r} names two different databases, "
+                                      f"{known} and {src}")
+                continue
+            _require_sqlite(src, _describe(ex))
+            dest = self.layout.database(ex.db_id)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if self.data.import_databases == "symlink":
+                dest.symlink_to(src.resolve())
+                digest = sha256_file(src)
+            else:
+                digest = _hash_copy(src, dest)
+            self.db_sources[ex.db_id] = src
+            self.db_info[ex.db_id] = {"source": str(src), "bytes": src.stat().st_size, "sha256": digest}
+
+    def _check(self, examples: Sequence[Example], split: str) -> list[bool]:
+        """Run each gold on its corpus database within ``data.gold_timeout_s`` as evaluation
+        runs it (its comparison view under its semantics: Spider's gold ``! =`` is joined, as
+        the test-suite evaluator does); failures are recorded (with the SQLite error) and False."""
+        jobs = [(str(self.layout.database(ex.db_id)), comparison_sql(ex.gold_sql, ex.semantics)) for ex in examples]
+        unique = list(dict.fromkeys(jobs))
+        results = dict(zip(unique, self.pool.map(unique, timeout_s=self.data.gold_timeout_s)))
+        oks = []
+        for ex, job in zip(examples, jobs):
+            result = results[job]
+            self.checked += 1
+            if not result.ok:
+                self.failing.append({"id": ex.id, "db_id": ex.db_id, "split": split, "error": result.error,
+                                     "message": result.message,
+                                     "action": "dropped from train" if split == "train" else "kept"})
+            oks.append(result.ok)
+        return oks
+
+    def _neighbours(self, examples: Sequence[Example]) -> dict[str, list[str]]:
+        """Test-suite databases of the Spider-semantics eval databases, as neighbours."""
+        folder = Path(self.data.import_test_suite).expanduser() if self.data.import_test_suite else None
+        if folder is None and "spider" in self.datasets:
+            folder = self.datasets["spider"] / "test_suite_database"
+        if folder is None or not folder.is_dir():
+            if self.data.import_test_suite:
+                raise CorpusError(f"{folder}: test-suite folder not found")
+            return {}
+        out: dict[str, list[str]] = {}
+        for db_id in sorted({ex.db_id for ex in examples if ex.semantics == "spider"}):
+            files = sorted(p for p in (folder / db_id).glob("*.sqlite") if p.name != f"{db_id}.sqlite")
+            digests = []
+            for k, src in enumerate(files, 1):
+                _require_sqlite(src, f"test-suite database of {db_id}")
+                dest = self.layout.root / "neighbours" / db_id / f"{k}.sqlite"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if self.data.import_databases == "symlink":
+                    dest.symlink_to(src.resolve())
+                    digests.append(sha256_file(src))
+                else:
+                    digests.append(_hash_copy(src, dest))
+            if digests:
+                out[db_id] = digests
+        return out
+
+    def _tables(self, examples: Sequence[Example]) -> list[dict]:
+        """The tables.json entries of the used databases, from each example's source file."""
+        files: dict[str, dict[str, tuple[dict, str]]] = {}
+        entries: dict[str, dict] = {}
+        for ex in examples:
+            path = ex.meta.get("tables_json")
+            if ex.db_id in entries or not path or not Path(path).is_file():
+                continue
+            if path not in files:
+                try:
+                    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                    raise CorpusError(f"{path}: cannot read ({err})") from None
+                if not isinstance(raw, list):
+                    raise CorpusError(f"{path}: expected a JSON list of databases, got {type(raw).__name__}")
+                files[path] = {e["db_id"]: (e, f"{path}: record {i}") for i, e in enumerate(raw)
+                               if isinstance(e, dict) and isinstance(e.get("db_id"), str)}
+            found = files[path].get(ex.db_id)
+            if found is not None:
+                schema_from_spider(*found)  # a malformed entry is named here, not at training time
+                entries[ex.db_id] = found[0]
+        return [entries[db_id] for db_id in sorted(entries)]
+
+    # -- the whole import
+    def run(self) -> dict[str, Any]:
+        layout = self.layout
+        bar = tqdm(desc="import", unit="step", disable=not self.progress, leave=False)
+        try:
+            bar.set_postfix_str("dev/test")
+            dev, test = self._eval_sets()
+            variants = self._variants()
+            held_out = dev + test + [ex for v in variants.values() for ex in v]
+            self._place(held_out)
+            bar.set_postfix_str("dev/test golds")
+            for split, examples in (("dev", dev), ("test", test), *sorted(variants.items())):
+                self._check(examples, split)
+            train = self._draw_train(bar)
+            bar.set_postfix_str("neighbours")
+            neighbours = self._neighbours(dev + test + [ex for v in variants.values() for ex in v])
+        finally:
+            bar.close()
+        self._enforce_failing_share()
+
+        splits = {"train": train, "dev": dev, "test": test}
+        for name, examples in splits.items():
+            write_jsonl(layout.split(name), (_for_corpus(ex) for ex in examples))
+        for name in VARIANTS:
+            write_jsonl(layout.variant(name), (_for_corpus(ex) for ex in variants.get(name, [])))
+        everything = train + held_out
+        layout.tables_json.write_text(_json(self._tables(everything)), encoding="utf-8")
+        report = {"gold_check": self._gold_check(), "failing": self.failing, "dropped": self.dropped,
+                  "train_draw": self.draw}
+        layout.import_report.write_text(_json(report), encoding="utf-8")
+        manifest = self._manifest(splits, variants, neighbours)
+        layout.manifest.write_text(_json(manifest), encoding="utf-8")
+        return manifest
+
+    def _gold_check(self) -> dict[str, Any]:
+        failing = len(self.failing)
+        return {
+            "checked": self.checked,
+            "failing": failing,
+            "share": round(failing / self.checked, 6) if self.checked else 0.0,
+            "max_share": self.data.max_failing_gold_share,
+            "timeout_s": self.data.gold_timeout_s,
+            "dropped_from_train": sum(f["split"] == "train" for f in self.failing),
+            "kept_in_eval": sum(f["split"] != "train" for f in self.failing),
+            "by_error": dict(sorted(Counter(str(f["error"]) for f in self.failing).items())),
+            "unparsed_dropped": len(self.dropped),
+        }
+
+    def _enforce_failing_share(self) -> None:
+        check = self._gold_check()
+        if check["share"] > self.data.max_failing_gold_share:
+            shown = ", ".join(f"{f['id']} ({f['error']}: {f['message'][:80]})" for f in self.failing[:5])
+            raise CorpusError(f"{check['failing']} of {check['checked']} gold queries ({check['share']:.1%}) fail on "
+                              f"their databases, above data.max_failing_gold_share "
+                              f"{self.data.max_failing_gold_share:.1%}: {shown}")
+
+    def _manifest(self, splits: dict[str, list[Example]], variants: dict[str, list[Example]],
+                  neighbours: dict[str, list[str]]) -> dict[str, Any]:
+        data = self.data
+        layout = self.layout
+        split_of = {ex.db_id: name for name, exs in splits.items() for ex in exs}
+        info = {}
+        for name, examples in splits.items():
+            levels = Counter(ex.hardness for ex in examples)
+            info[name] = {
+                "databases": sorted({ex.db_id for ex in examples}),
+                "examples": len(examples),
+                "hardness": {k: levels.get(k, 0) for k in HARDNESS_LEVELS},
+                "semantics": dict(sorted(Counter(ex.semantics for ex in examples).items())),
+                "sources": dict(sorted(Counter(ex.source for ex in examples).items())),
+                "difficulty": dict(sorted(Counter(ex.difficulty for ex in examples if ex.difficulty).items())),
+                "with_evidence": sum(bool(ex.evidence) for ex in examples),
+            }
+        all_examples = [ex for exs in (*splits.values(), *variants.values()) for ex in exs]
+        kinds = sorted({ex.semantics for ex in all_examples})
+        files = [layout.tables_json, layout.import_report, *(layout.split(s) for s in SPLITS),
+                 *(layout.variant(v) for v in VARIANTS)]
+        settings = {k: v for k, v in data.model_dump().items()
+                    if k.startswith("import_") or k in ("source", "seed", "mix_total", "mix", "max_failing_gold_share",
+                                                        "gold_timeout_s")}
+        return {
+            "format": MANIFEST_FORMAT,
+            "source": "import",
+            "semantics": kinds[0] if len(kinds) == 1 else "mixed",
+            "datasets": {name: str(path) for name, path in sorted(self.datasets.items())},
+            "seed": data.seed,
+            "settings": settings,
+            "splits": info,
+            "train_draw": self.draw,
+            "variants": {v: {"examples": len(variants.get(v, [])),
+                             "file": getattr(data, VARIANT_SETTINGS[v]) or None} for v in VARIANTS},
+            "databases": {db: {"split": split_of.get(db, "variant"), **self.db_info[db]} for db in sorted(self.db_info)},
+            "neighbours": neighbours,
+            "gold_check": self._gold_check(),
+            "files": {str(p.relative_to(layout.root)): sha256_file(p) for p in files},
+        }
+
+
+def _for_corpus(ex: Example) -> Example:
+    return replace(ex, meta={k: v for k, v in ex.meta.items() if k not in _META_DROPPED})
+
+
+def _require_sqlite(path: Path, used_by: str) -> None:
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: database not found (used by {used_by})") from None
+    except OSError as err:
+        raise CorpusError(f"{path}: cannot read ({err}; used by {used_by})") from None
+    if header != SQLITE_HEADER:
+        raise CorpusError(f"{path}: not a SQLite database (used by {used_by})")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
+    except OSError:
+        return False
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def summary_lines(manifest: dict[str, Any], out: str | Path) -> list[str]:
+    """What ``progress-sql data import`` prints about an imported corpus."""
+    draw = manifest["train_draw"]
+    gold = manifest["gold_check"]
+    lines = [f"imported {out} in {manifest.get('build_seconds', 0.0):.1f} s from "
+             f"{', '.join(manifest['datasets'])} (seed {manifest['seed']}; semantics {manifest['semantics']})"]
+    for split, info in manifest["splits"].items():
+        levels = ", ".join(f"{k} {v}" for k, v in info["hardness"].items())
+        sems = ", ".join(f"{k} {v}" for k, v in info["semantics"].items()) or "-"
+        lines.append(f"  {split:5s} {info['examples']:6d} examples on {len(info['databases'])} databases "
+                     f"({levels}; semantics {sems})")
+    available = ", ".join(f"{k} {v}" for k, v in draw["available"].items())
+    drawn = ", ".join(f"{k} {v}" for k, v in draw["drawn"].items())
+    lines.append(f"  train drawn ({draw['sampling']}, {draw['total']} asked) from {available}: {drawn}")
+    lines.append("  variants: " + ", ".join(f"{k} {v['examples']}" for k, v in manifest["variants"].items()))
+    lines.append(f"  test-suite neighbours: {sum(len(v) for v in manifest['neighbours'].values())} databases "
+                 f"for {len(manifest['neighbours'])} databases")
+    lines.append(f"  gold queries: {gold['checked']} checked, {gold['failing']} fail ({gold['share']:.2%}, at most "
+                 f"{gold['max_share']:.0%}): {gold['dropped_from_train']} dropped from train, {gold['kept_in_eval']} "
+                 f"kept in dev/test; {gold['unparsed_dropped']} records dropped (gold does not parse); "
+                 "by id in import_report.json")
+    return lines
+
+
+__all__ = ["DATASETS", "SQLITE_HEADER", "VARIANT_SETTINGS", "given_datasets", "import_corpus", "summary_lines"]
