@@ -247,3 +247,17 @@ def test_an_episode_needs_the_recipes_format():
         sessions.EpisodeSession("odt", "sql_trail")
     with pytest.raises(ValueError, match="multi-turn"):
         trl_adapter.reward_function("skyrl")
+
+
+def test_the_adapters_judge_with_the_examples_semantics(school_db):
+    """A row's ``semantics`` column reaches the verdict: under BIRD's set semantics a prediction
+    that returns the gold's rows twice is right, under Spider's bag semantics it is not."""
+    gold = "SELECT name FROM department"
+    doubled = answer_text("think_sql", "t", "SELECT name FROM department UNION ALL SELECT name FROM department")
+    by = {s: scoring.score_completion(doubled, str(school_db), gold, "oneshot", semantics=s) for s in ("spider", "bird")}
+    assert by["bird"].components["correct"] > 0 and by["spider"].components["correct"] == 0
+    batch = scoring.score_batch([doubled, doubled], [str(school_db)] * 2, [gold] * 2, "oneshot",
+                                semantics=["spider", "bird"])
+    assert [b.total for b in batch] == [by["spider"].total, by["bird"].total]
+    info = {"db_path": str(school_db), "recipe": "oneshot", "semantics": "bird"}
+    assert verl_adapter.compute_score("x", doubled, gold, info)["score"] == by["bird"].total

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -368,3 +370,32 @@ def test_one_rl_step_of_each_preset_with_the_tiny_model(name, tiny_policy, tmp_p
         assert m["turns/mean"] == 1.0
     if preset.rewards.reasoning_sql.judge_backend != "off" and preset.rl.recipe == "reasoning_sql":
         assert "judge/asked" in m and m["judge/failed"] == 0, m  # the judge was wired in and answered
+
+
+def test_a_real_dvc_exp_run_with_a_preset(tmp_path):
+    """``dvc exp run $(progress-sql preset show reasoning-sql --as-set)`` in a fresh repository
+    whose one stage writes the settings it loads: they are the preset's."""
+    import shutil
+    import subprocess
+    import sys
+
+    dvc = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
+    cli = shutil.which("progress-sql") or str(Path(sys.executable).with_name("progress-sql"))
+    if not Path(dvc).exists() or not Path(cli).exists():
+        pytest.skip("dvc or progress-sql is not installed")
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  settings:\n"
+        f"    cmd: {sys.executable} -c \"from progress_sql.config import load_settings; "
+        "open('settings.json', 'w').write(load_settings().model_dump_json())\"\n"
+        "    params: [rl, env, rewards, generation, data, eval, tracking]\n    outs: [settings.json]\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "DVC_NO_ANALYTICS": "1"}
+    env.pop("DVC_EXP_NAME", None)
+    script = (f"git init -q && {dvc} init -q && {dvc} config core.analytics false && "
+              f"{dvc} config core.check_update false && git add -A && git commit -qm base && "
+              f"{dvc} exp run $({cli} preset show reasoning-sql --as-set --params {PARAMS})")
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    ran = json.loads((tmp_path / "settings.json").read_text())
+    assert ran == json.loads(load_settings(PARAMS, preset="reasoning-sql").model_dump_json())

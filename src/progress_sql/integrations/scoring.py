@@ -128,11 +128,13 @@ def score_completion(
     question: str = "",
     difficulty: str = "",
     db_id: str = "",
+    semantics: str = "spider",
 ) -> Scored:
     """The reward of one completion ``text`` for the example (``db_path``, ``gold_sql``):
     ``recipe`` on the one-turn trajectory ``make_turn`` builds, or the floor with the reason
     (see the module notes). ``question`` and ``difficulty`` are what some recipes read (the
-    LLM judge, SQL-Trail's turn limits). Never raises."""
+    LLM judge, SQL-Trail's turn limits); ``semantics`` how the answer is judged (the example's:
+    ``spider`` or ``bird``). Never raises."""
     recipe = resolve_recipe(recipe)
     settings = task_settings(settings)
 
@@ -140,7 +142,7 @@ def score_completion(
         problem = check_task(db_path, gold_sql, settings)
         if problem:
             return floor(recipe, settings, problem)
-        turn = rewards.make_turn(text, recipe.fmt, db_path, gold_sql, settings.sandbox)
+        turn = rewards.make_turn(text, recipe.fmt, db_path, gold_sql, settings.sandbox, semantics=semantics or "spider")
         return score_turns(recipe, _one_turn(turn, gold_sql, question, difficulty, db_id), settings, judge)
 
     return _guarded(recipe, settings, run)
@@ -166,6 +168,7 @@ def score_batch(
     judge: Judge | None = None,
     questions: Sequence[str] | None = None,
     difficulties: Sequence[str] | None = None,
+    semantics: Sequence[str] | None = None,
 ) -> list[Scored]:
     """``score_completion`` of every ``(texts[i], db_paths[i], gold_sqls[i])``, in order,
     with the same rewards; the predictions' queries run in one ``pool.map`` (each distinct
@@ -176,6 +179,7 @@ def score_batch(
     recipe = resolve_recipe(recipe)
     settings = task_settings(settings)
     questions, difficulties = _column(questions, n), _column(difficulties, n)
+    semantics = [s or "spider" for s in _column(semantics, n)]
     keys = [_task_key(db, gold) for db, gold in zip(db_paths, gold_sqls)]
     problems: dict[tuple[Any, Any], str] = {}
     for key, db, gold in zip(keys, db_paths, gold_sqls):
@@ -184,7 +188,7 @@ def score_batch(
     sqls = [parse_output(text, recipe.fmt).sql for text in texts]
     runnable = [i for i in range(n) if sqls[i] is not None and not problems[keys[i]]]
     results = _execute_all([(str(db_paths[i]), sql) for i in runnable
-                            for sql in dict.fromkeys((sqls[i], comparison_sql(sqls[i])))], pool, settings)
+                            for sql in dict.fromkeys((sqls[i], comparison_sql(sqls[i], semantics[i])))], pool, settings)
     out = []
     for i in range(n):
         problem = problems[keys[i]]
@@ -193,7 +197,7 @@ def score_batch(
             continue
 
         def run(i: int = i) -> Scored:
-            turn = _judged_turn(texts[i], sqls[i], str(db_paths[i]), gold_sqls[i], results, settings)
+            turn = _judged_turn(texts[i], sqls[i], str(db_paths[i]), gold_sqls[i], results, settings, semantics[i])
             return score_turns(recipe, _one_turn(turn, gold_sqls[i], questions[i], difficulties[i], ""), settings, judge)
 
         out.append(_guarded(recipe, settings, run))
@@ -214,11 +218,12 @@ def _execute_all(jobs: list[tuple[str, str]], pool: SQLPool | None, settings: An
 
 
 def _judged_turn(text: str, sql: str | None, db_path: str, gold_sql: str,
-                 results: dict[tuple[str, str], ExecResult], settings: Any) -> Turn:
+                 results: dict[tuple[str, str], ExecResult], settings: Any, semantics: str = "spider") -> Turn:
     """The turn ``make_turn`` builds, from executions already run: raw result for
     "executable", the comparison view's against the gold's for "correct" (``sql.verdict``)."""
     if sql is None:
         return Turn(text=text, sql=None, result=None, correct=False)
-    raw, view = results[(db_path, sql)], results[(db_path, comparison_sql(sql))]
-    gold = gold_comparison_result(db_path, gold_sql, sandbox=settings.sandbox)
-    return Turn(text=text, sql=sql, result=raw, correct=same_answer(view, gold, gold_order_matters(gold_sql)))
+    raw, view = results[(db_path, sql)], results[(db_path, comparison_sql(sql, semantics))]
+    gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox=settings.sandbox)
+    ordered = gold_order_matters(gold_sql, semantics)
+    return Turn(text=text, sql=sql, result=raw, correct=same_answer(view, gold, ordered, semantics))

@@ -123,7 +123,7 @@ class EpisodeSession:
         try:
             self.reason = check_task(db_path, gold_sql, self.settings)
             if not self.reason:
-                names = ("db_id", "question", "difficulty", "evidence", "example_id", "hardness")
+                names = ("db_id", "question", "difficulty", "evidence", "example_id", "hardness", "semantics")
                 example = example_from_row(gold_sql, **{k: columns.get(k, "") for k in names})
                 return [dict(m) for m in self.env.reset(example, db_path)]
         except Exception as err:  # the framework's loop goes on: report it in the score

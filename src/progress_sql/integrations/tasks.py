@@ -4,7 +4,8 @@ its gold query, as plain values a framework can store (parquet, ``datasets``, JS
 A row: ``prompt`` (the round-1 chat messages the project's environment builds for the
 recipe's output format: system prompt, schema, question), ``db_path`` (absolute), ``gold_sql``,
 ``db_id``, ``question``, ``difficulty`` (the example's label, else its Spider hardness),
-``evidence`` and ``example_id``. ``example_from_row`` turns such columns back into the
+``evidence``, ``example_id`` and ``semantics`` (how its answers are judged: ``spider`` or
+``bird``, ``sql.verdict``). ``example_from_row`` turns such columns back into the
 ``Example`` an environment is reset with.
 """
 
@@ -19,7 +20,8 @@ from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.integrations.scoring import resolve_recipe, task_settings
 from progress_sql.rewards.types import Recipe
 
-ROW_COLUMNS = ("prompt", "db_path", "gold_sql", "db_id", "question", "difficulty", "evidence", "example_id")
+ROW_COLUMNS = ("prompt", "db_path", "gold_sql", "db_id", "question", "difficulty", "evidence", "example_id",
+               "semantics")
 
 
 def task_rows(
@@ -52,6 +54,7 @@ def task_rows(
             "difficulty": ex.difficulty or ex.hardness,
             "evidence": ex.evidence,
             "example_id": ex.id,
+            "semantics": ex.semantics,
         })
     return rows
 
@@ -61,8 +64,9 @@ def _text(value: Any) -> str:
 
 
 def example_from_row(gold_sql: str, *, db_id: Any = "", question: Any = "", difficulty: Any = "",
-                     evidence: Any = "", example_id: Any = "", hardness: Any = "") -> Example:
-    """The ``Example`` a row describes (missing or non-text columns read as '')."""
+                     evidence: Any = "", example_id: Any = "", hardness: Any = "", semantics: Any = "") -> Example:
+    """The ``Example`` a row describes (missing or non-text columns read as ''; no semantics:
+    ``spider``)."""
     return Example(
         id=_text(example_id) or "example",
         db_id=_text(db_id),
@@ -71,4 +75,5 @@ def example_from_row(gold_sql: str, *, db_id: Any = "", question: Any = "", diff
         hardness=_text(hardness),
         evidence=_text(evidence),
         difficulty=_text(difficulty),
+        semantics=_text(semantics) or "spider",
     )

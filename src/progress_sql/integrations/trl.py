@@ -118,7 +118,7 @@ def reward_function(
         else:
             scored = score_batch([completion_text(c) for c in completions], db_path, gold_sql, recipe, settings,
                                  pool=pool, judge=judge, questions=columns.get("question"),
-                                 difficulties=columns.get("difficulty"))
+                                 difficulties=columns.get("difficulty"), semantics=columns.get("semantics"))
         _log(columns, name, recipe, scored)
         return [s.total for s in scored]
 

@@ -100,7 +100,7 @@ def compute_score(data_source: Any, solution_str: Any, ground_truth: Any, extra_
         return episode
     scored = score_completion(solution_str, info.get("db_path"), ground_truth, recipe, settings,
                               question=info.get("question", ""), difficulty=info.get("difficulty", ""),
-                              db_id=info.get("db_id", ""))
+                              db_id=info.get("db_id", ""), semantics=info.get("semantics", "spider"))
     return result_dict(scored, recipe)
 
 
@@ -182,7 +182,7 @@ def verl_rows(corpus_dir: str | Path, split: str, recipe: str | Recipe = "progre
     recipe = resolve_recipe(recipe)
     rows = []
     for index, row in enumerate(task_rows(corpus_dir, split, recipe, settings, env="single_turn", limit=limit)):
-        columns = {k: row[k] for k in ("db_path", "db_id", "question", "difficulty", "evidence", "example_id")}
+        columns = {k: row[k] for k in ("db_path", "db_id", "question", "difficulty", "evidence", "example_id", "semantics")}
         rows.append({
             "data_source": DATA_SOURCE,
             "prompt": row["prompt"],
