@@ -124,12 +124,13 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     assert len({r.data.tags["mlflow.parentRunId"] for r in stage_runs}) == 1
     assert int(client.get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
 
-    # an experiment: only the stages that read rl.* run again, under their own parent run
+    # an experiment: only the stages that read rl.* run again, under their own parent run (SFT
+    # among them: it teaches rl.recipe's output format)
     run("git", "add", "-A")
     run("git", "commit", "-q", "-m", "baseline")
     exp_out = run("dvc", "exp", "run", "-S", "rl.recipe=oneshot", "-n", "oneshot")
     ran = set(re.findall(r"Running stage '(\w+)'", exp_out.stdout))
-    assert ran == {"train", "evaluate", "register"}, exp_out.stdout
+    assert ran == {"sft", "train", "evaluate", "register"}, exp_out.stdout
     assert json.loads((root / "reports" / "registry.json").read_text())["version"] == 2
     parents = {r.info.run_name for r in client.search_runs([exp.experiment_id])
                if r.data.tags.get("progress_sql.kind") == "pipeline"}
