@@ -26,7 +26,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
@@ -78,12 +78,18 @@ def sha256_file(path: Path) -> str:
 def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Build the corpus into ``out_dir`` (default ``data.out_dir``) atomically; the manifest."""
     out = Path(out_dir if out_dir is not None else settings.data.out_dir)
+    return build_atomically(out, lambda layout: _build_into(layout, settings, progress), "building")
+
+
+def build_atomically(out: Path, build: Callable[[CorpusLayout], dict[str, Any]], label: str) -> dict[str, Any]:
+    """``build(layout)`` into a temporary folder beside ``out``, then swapped into place: a
+    failed build leaves ``out`` as it was. Returns the build's manifest."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    tmp = out.parent / f".{out.name}.{label}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        manifest = _build_into(CorpusLayout(tmp), settings, progress)
+        manifest = build(CorpusLayout(tmp))
         swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -202,4 +208,4 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     }
 
 
-__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_corpus", "sha256_file", "split_domains", "swap_into_place"]
+__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "sha256_file", "split_domains", "swap_into_place"]

@@ -45,9 +45,7 @@ import bisect
 import hashlib
 import json
 import logging
-import os
 import random
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -59,7 +57,7 @@ from tqdm import tqdm
 from progress_sql.config import Settings
 from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider
-from progress_sql.data.build import MANIFEST_FORMAT, sha256_file, swap_into_place
+from progress_sql.data.build import MANIFEST_FORMAT, build_atomically, sha256_file
 from progress_sql.data.loaders import (
     LoadResult,
     count_synsql_records,
@@ -70,7 +68,6 @@ from progress_sql.data.loaders import (
     plan_mix,
 )
 from progress_sql.sql import HARDNESS_LEVELS, SQLPool
-from progress_sql.sql.sandbox import clear_connection_cache
 from progress_sql.sql.verdict import comparison_sql
 
 log = logging.getLogger(__name__)
@@ -102,20 +99,13 @@ def import_corpus(settings: Settings, out_dir: str | Path | None = None, progres
         if out.resolve().is_relative_to(root) or root.is_relative_to(out.resolve()):
             raise CorpusError(f"{out}: the corpus folder and the dataset folder {root} overlap; sources are "
                               "read-only and the corpus folder is replaced: choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     started = time.perf_counter()
-    try:
+
+    def build(layout: CorpusLayout) -> dict[str, Any]:
         with SQLPool(settings.sandbox.workers, settings=settings.sandbox) as pool:
-            manifest = _Importer(settings, CorpusLayout(tmp), datasets, pool, progress).run()
-        swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        clear_connection_cache()  # the sandbox's cached connections point into the temp folder
+            return _Importer(settings, layout, datasets, pool, progress).run()
+
+    manifest = build_atomically(out, build, "importing")
     manifest["build_seconds"] = round(time.perf_counter() - started, 3)
     return manifest
 
