@@ -22,8 +22,7 @@ from progress_sql.formats import FormatName
 from progress_sql.rewards.turns import make_turn
 from progress_sql.rewards.types import Trajectory, Turn
 from progress_sql.sql import Semantics
-from progress_sql.sql import gold_result as cached_gold_result
-from progress_sql.sql.result import ExecResult
+from progress_sql.sql import GoldCache
 
 # Why an episode ended. correct: a turn matched the gold (ODT loop); max_turns: T turns, none
 # correct; single: the one turn of a single-turn episode; solution: the model gave its final
@@ -129,8 +128,7 @@ class Episode:
     ODT tags (``()`` for a correct turn or where the environment does not diagnose);
     ``k_star``: the first turn whose execution matched the gold (1-based), or None;
     ``correct``: the episode's final answer is correct; ``generations``: the raw policy outputs,
-    one per turn (strings, or the policy's generation records); ``gold``: the gold's raw
-    execution (a record: correctness compares comparison views, see ``sql.verdict``).
+    one per turn (strings, or the policy's generation records).
     """
 
     env: str
@@ -145,7 +143,6 @@ class Episode:
     correct: bool = False
     done_reason: DoneReason | None = None
     generations: list[Any] = field(default_factory=list)
-    gold: ExecResult | None = None
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name for the stopping turn
@@ -211,6 +208,7 @@ class Env:
         self.schema_texts = schema_texts if schema_texts is not None else _default_schema_texts(
             self.settings.env.prompt_style)
         self._episode: Episode | None = None
+        self._gold_cache: GoldCache | None = None  # reset()'s; None: the process-wide cache
 
     @property
     def max_turns(self) -> int:
@@ -242,22 +240,19 @@ class Env:
         self,
         example: Example,
         db_path: str | os.PathLike,
-        gold_result: ExecResult | None = None,
+        gold_cache: GoldCache | None = None,
         db_details: str | None = None,
     ) -> list[Message]:
         """Start an episode for ``example`` on ``db_path``; return the round-1 conversation.
 
-        ``gold_result`` is the gold's raw execution, the episode's record (default: the
-        process-wide gold cache); turns are judged against the gold's comparison view, read
-        from the process-wide gold cache. ``db_details`` is the schema text (default:
-        ``schema_texts``).
+        Turns are judged against the gold's comparison view (``sql.verdict``), executed once
+        per cache: ``gold_cache`` (default: the process-wide one). ``db_details`` is the
+        schema text (default: ``schema_texts``).
         """
         path = Path(db_path)
         if not path.is_file():
             raise FileNotFoundError(f"{example.id}: database {path} not found")
-        if gold_result is None:
-            sandbox = self.settings.sandbox
-            gold_result = cached_gold_result(path, example.gold_sql, sandbox.timeout_s, sandbox.max_rows)
+        self._gold_cache = gold_cache
         if db_details is None:
             db_details = self.schema_texts(example.db_id, path)
         self._episode = Episode(
@@ -267,7 +262,6 @@ class Env:
             db_details=db_details,
             max_turns=self.max_turns,
             messages=round1_messages(example, db_details, self.fmt, self.settings.env),
-            gold=gold_result,
         )
         return self.messages
 
@@ -284,7 +278,7 @@ class Env:
         if not isinstance(text, str):
             raise TypeError(f"{self.name}: step() takes the output text, got {type(text).__name__}")
         turn = make_turn(text, self.fmt, ep.db_path, ep.example.gold_sql, self.settings.sandbox,
-                         semantics=self.semantics)
+                         semantics=self.semantics, gold_cache=self._gold_cache)
         ep.turns.append(turn)
         ep.tags.append(())
         ep.messages.append({"role": "assistant", "content": text})

@@ -19,8 +19,6 @@ from typing import Callable, Sequence
 from progress_sql.corpus.records import Example
 from progress_sql.envs.base import Env, Episode, Policy, output_text
 from progress_sql.sql import GoldCache
-from progress_sql.sql.pool import default_gold_cache
-from progress_sql.sql.result import ExecResult
 
 
 def rollout(
@@ -35,19 +33,13 @@ def rollout(
 
     ``env_factory()`` makes a fresh environment (``lambda: envs.get("odt_feedback")(settings)``);
     ``database(db_id)`` gives the SQLite file (``CorpusLayout(root).database``); gold results
-    come from ``gold_cache`` (default: the process-wide one). Returns the episodes in input
-    order, each with the policy's raw outputs in ``generations``.
+    come from ``gold_cache`` (default: the process-wide one), so the G episodes of a question
+    execute its gold once. Returns the episodes in input order, each with the policy's raw
+    outputs in ``generations``.
     """
-    cache = gold_cache if gold_cache is not None else default_gold_cache()
     envs = [env_factory() for _ in examples]
-    golds: dict[tuple[str, str], ExecResult] = {}
     for env, example in zip(envs, examples):
-        path = Path(database(example.db_id))
-        key = (str(path), example.gold_sql)
-        if key not in golds:
-            sandbox = env.settings.sandbox
-            golds[key] = cache.get(path, example.gold_sql, sandbox.timeout_s, sandbox.max_rows)
-        env.reset(example, path, golds[key])
+        env.reset(example, Path(database(example.db_id)), gold_cache)
 
     running = list(range(len(envs)))
     while running:
