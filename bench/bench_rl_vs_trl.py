@@ -16,9 +16,11 @@ turn (TRL's native case), one run each per pair, back to back in this process:
 - ``--sft-minutes M`` (default 0) first runs ``run_sft`` on the base model for M minutes and
   starts both from it, so completions end at eos or ``</sql>`` instead of the length limit.
 
-Differences the table does not hide: ours also stops a completion at ``</sql>`` (TRL only at
-eos) and drops finished rows from the decoding batch, so the mean completion lengths are
-printed; TRL skips the old-log-prob forward when it updates once per generation.
+Both stop a completion at ``</sql>``: TRL stops on token ids only, so the ``</sql>`` token of
+the tiny tokenizer joins its eos ids (``trl_trainer``). Differences the table does not hide:
+ours drops finished rows from the decoding batch (the mean completion lengths are printed, and
+the ratio of generated tokens/s is the one to quote); TRL skips the old-log-prob forward when
+it updates once per generation, as ours does.
 
 Step 1 is a warm-up; steps 2..N+1 are timed (ours: ``step_s`` of its metrics, TRL: a callback
 from ``on_step_begin`` to ``on_step_end``; both include generation, reward and update). Prints
@@ -175,51 +177,67 @@ def run_ours(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
 
 
 # ----------------------------------------------------------------------------- TRL
-def oneshot_reward_fn(settings: Settings, layout: CorpusLayout, examples: list[Example], tokens: list[int]):
+@dataclass
+class TrlCalls:
+    """What the TRL reward function saw, one entry per generation batch (one per step)."""
+
+    tokens: list[int] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)  # mean total reward
+    ex: list[float] = field(default_factory=list)  # share of completions judged right
+
+
+def oneshot_reward_fn(settings: Settings, layout: CorpusLayout, examples: list[Example], calls: TrlCalls):
     """A TRL reward function computing the ``oneshot`` recipe exactly as the single-turn env
-    does (parse, execute, compare with the gold result); it also records each call's completion
-    tokens (one call per generation batch)."""
+    does (parse, execute, compare with the gold result); it records each call's completion
+    tokens, mean reward and EX in ``calls`` (one call per generation batch)."""
     recipe = rewards.get("oneshot")
     sandbox = settings.sandbox
 
     def oneshot(prompts, completions, completion_ids, example_index, **_):
-        tokens.append(sum(len(ids) for ids in completion_ids))
-        out = []
+        out, right = [], []
         for completion, i in zip(completions, example_index):
             ex = examples[i]
-            path = layout.database(ex.db_id)
-            turn = make_turn(completion[-1]["content"], recipe.fmt, path, ex.gold_sql, sandbox)
+            turn = make_turn(completion[-1]["content"], recipe.fmt, layout.database(ex.db_id), ex.gold_sql, sandbox)
             out.append(recipe(Trajectory(turns=(turn,), gold_sql=ex.gold_sql, db_id=ex.db_id), settings).total)
+            right.append(turn.correct)
+        calls.tokens.append(sum(len(ids) for ids in completion_ids))
+        calls.reward.append(sum(out) / len(out))
+        calls.ex.append(sum(right) / len(right))
         return out
 
     return oneshot
 
 
-def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
+def trl_trainer(settings: Settings, corpus: Path, out_dir: Path, calls: TrlCalls):
+    """TRL's ``GRPOTrainer`` set up as ``run_rl`` runs single turn: the same round-1 prompts in
+    ``run_rl``'s question order, G, lengths, sampling, optimizer, lr, clipping, loss (``grpo``:
+    per-sequence token mean), passes per batch (TRL's ``num_iterations``), no KL, and the same stop: the tiny tokenizer holds ``</sql>`` as
+    one token, which joins the eos ids, so TRL ends (and masks) a completion there as ours does."""
     from datasets import Dataset  # noqa: PLC0415 - TRL's stack, only for this run
-    from transformers import TrainerCallback  # noqa: PLC0415
     from trl import GRPOConfig, GRPOTrainer  # noqa: PLC0415
 
+    from progress_sql.formats import stop_strings  # noqa: PLC0415
     from progress_sql.inference.models import load_policy  # noqa: PLC0415
 
     rl, gen = settings.rl, settings.generation
     layout = CorpusLayout(corpus)
-    train = list(read_jsonl(layout.split("train")))
-    questions = step_questions(settings, train)
-    schema = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
-    env = envs.get("single_turn")(settings, fmt=rewards.get(rl.recipe).fmt, schema_texts=schema)
+    questions = step_questions(settings, list(read_jsonl(layout.split("train"))))
+    recipe = rewards.get(rl.recipe)
+    env = envs.get("single_turn")(settings, fmt=recipe.fmt, schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     rows = []
     for k, ex in enumerate(questions):
         env.reset(ex, layout.database(ex.db_id))  # the exact round-1 messages ours prompts with
         rows.append({"prompt": [dict(m) for m in env.messages], "example_index": k})
-    dataset = Dataset.from_list(rows)
 
     n = rl.questions_per_step * rl.group_size
     config = GRPOConfig(
-        output_dir=str(out_dir), max_steps=rl.steps, seed=rl.seed,
+        # μ passes over each generation batch: TRL counts optimizer steps, ours batches
+        output_dir=str(out_dir), max_steps=rl.steps * rl.updates_per_batch, seed=rl.seed,
+        num_iterations=rl.updates_per_batch,
         per_device_train_batch_size=rl.micro_batch_size, gradient_accumulation_steps=n // rl.micro_batch_size,
         num_generations=rl.group_size, max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature, top_p=gen.top_p, beta=rl.kl_beta, loss_type="grpo", epsilon=rl.clip_eps,
+        epsilon_high=rl.clip_eps_high, scale_rewards="group" if rl.algorithm != "dr_grpo" else "none",
         learning_rate=rl.lr, weight_decay=rl.weight_decay, max_grad_norm=rl.grad_clip,
         lr_scheduler_type="constant", warmup_steps=0, use_vllm=False, bf16=False, fp16=False,
         use_cpu=not torch.cuda.is_available(), shuffle_dataset=False, disable_dropout=True,
@@ -227,10 +245,25 @@ def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
     model, tokenizer = load_policy(rl.init_from, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu")
-    tokens: list[int] = []
-    trainer = GRPOTrainer(model=model, reward_funcs=oneshot_reward_fn(settings, layout, questions, tokens),
-                          args=config, train_dataset=dataset, processing_class=tokenizer)
+    stops = []
+    for text in stop_strings(recipe.fmt):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"stop string {text!r} is {len(ids)} tokens for this tokenizer; TRL stops on token ids only")
+        stops += ids
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    model.generation_config.eos_token_id = eos + [i for i in stops if i not in eos]
+    return GRPOTrainer(model=model, reward_funcs=oneshot_reward_fn(settings, layout, questions, calls),
+                       args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
 
+
+def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
+    from transformers import TrainerCallback  # noqa: PLC0415
+
+    rl = settings.rl
+    calls = TrlCalls()
+    trainer = trl_trainer(settings, corpus, out_dir, calls)
     step_s: list[float] = []
     rollout_s: list[float] = []
 
@@ -253,9 +286,10 @@ def run_trl(settings: Settings, corpus: Path, out_dir: Path) -> Figures:
     trainer._generate = timed_generate
     trainer.add_callback(StepTimer())
     trainer.train()
-    if len(step_s) != rl.steps or len(tokens) != rl.steps:
-        raise RuntimeError(f"TRL ran {len(step_s)} steps and {len(tokens)} generations, expected {rl.steps}")
-    return Figures("TRL GRPOTrainer", step_s[1:], rollout_s[1:], [n] * (rl.steps - 1), tokens[1:])
+    if len(step_s) != rl.steps or len(calls.tokens) != rl.steps:
+        raise RuntimeError(f"TRL ran {len(step_s)} steps and {len(calls.tokens)} generations, expected {rl.steps}")
+    n = rl.questions_per_step * rl.group_size
+    return Figures("TRL GRPOTrainer", step_s[1:], rollout_s[1:], [n] * (rl.steps - 1), calls.tokens[1:])
 
 
 # ----------------------------------------------------------------------------- report
@@ -301,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\npair {r + 1}/{args.repeats}:")
             print_pair(ours, trl)
             pairs.append((ours, trl))
-        ratios = [o.trajectories_per_s / t.trajectories_per_s for o, t in pairs]
-        print(f"\nours/TRL trajectories/s: median {statistics.median(ratios):.2f} over {len(ratios)} pair(s) "
+        ratios = [o.tokens_per_s / t.tokens_per_s for o, t in pairs]
+        print(f"\nours/TRL generated tokens/s: median {statistics.median(ratios):.2f} over {len(ratios)} pair(s) "
               f"{[round(x, 2) for x in ratios]} -> ours is {'at least as fast' if statistics.median(ratios) >= 1 else 'SLOWER'}")
     return 0
 

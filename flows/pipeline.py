@@ -246,7 +246,7 @@ def training_pipeline(
     beats the champion's). Returns the registry decision.
 
     Args:
-        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run of params.yaml; the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
+        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run (params.yaml is the 15-minute one); the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
         work_dir: Folder of this run's outputs (data/, outputs/, reports/ under it), relative to the repository root or absolute; empty: the repository's own folders, as dvc repro writes them.
         overrides: Dotted settings keys to override, as JSON, on top of the preset, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
         params: The settings file, relative to the repository root.

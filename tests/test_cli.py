@@ -43,3 +43,44 @@ def test_bad_params_file_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["odt", "diff", "SELECT 1", "SELECT 1", "--params", str(bad)])
     assert result.exit_code == 2
     assert "odt.alpha" in result.output
+
+
+def test_progress_bars_become_status_lines_in_a_log():
+    """In a pipe (``dvc repro`` in CI, a log file) a bar prints its status as a whole line at
+    most once per interval and its last state when it closes; other text passes through."""
+    import io
+
+    from tqdm import tqdm
+
+    from progress_sql.cli.common import StatusLines
+
+    log, now = io.StringIO(), [0.0]
+    stream = StatusLines(log, every_s=20.0, clock=lambda: now[0])
+    stream.write("starting\n")
+    bar = tqdm(total=100, desc="sft", file=stream, mininterval=0, ascii=True)
+    for _ in range(100):
+        now[0] += 1.0  # a step a second: 100 redraws
+        bar.update(1)
+    bar.close()
+    quiet = tqdm(total=3, desc="build corpus", file=stream, mininterval=0, leave=False, ascii=True)
+    quiet.update(3)  # within the interval of its first line: only its closing state follows
+    quiet.close()
+    stream.write("done\n")
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert lines[0] == "starting" and lines[-1] == "done"
+    sft = [line for line in lines if line.startswith("sft:")]
+    assert 5 <= len(sft) <= 7 and sft[0].startswith("sft:   0%") and "100/100" in sft[-1]
+    build = [line for line in lines if line.startswith("build corpus:")]
+    assert build[0].startswith("build corpus:   0%") and "3/3" in build[-1] and len(build) == 2
+    assert not stream.isatty()
+
+
+def test_sparkline_spans_the_range_and_buckets_long_rows():
+    from progress_sql.eval.summary import SPARKS, sparkline
+
+    assert sparkline([0.0, 0.5, 1.0]) == SPARKS[0] + SPARKS[len(SPARKS) // 2] + SPARKS[-1]
+    assert sparkline([]) == "" and sparkline([float("nan")]) == ""
+    assert sparkline([2.0, 2.0]) == SPARKS[len(SPARKS) // 2] * 2
+    long = sparkline(list(range(100)), width=10)
+    assert len(long) == 10 and long[0] == SPARKS[0] and long[-1] == SPARKS[-1]

@@ -25,7 +25,7 @@ TINY = {
              "test_size": 4, "neighbours": 1, "rows_scale": 0.3},
     "model": {"vocab_size": 512, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
               "intermediate_size": 64, "max_position_embeddings": 2048, "copy_warmup": {"steps": 3}},
-    "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048},
+    "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048, "copy_rows": 16},
     "rl": {"env": "single_turn", "steps": 2, "group_size": 2, "questions_per_step": 1, "micro_batch_size": 2,
            "checkpoint_every": 1, "keep_checkpoints": 1, "save_rollouts": False},
     "generation": {"max_new_tokens": 8, "batch_size": 4},
@@ -87,7 +87,7 @@ def test_train_init_sft_rl_then_eval(workdir):
     summary = json.loads((workdir / "reports" / "train" / "sft.json").read_text())
     rows = list(csv.DictReader((workdir / "reports" / "train" / "sft_loss.csv").open()))
     assert summary["sft/steps"] == len(rows) >= 1 and summary["sft/final_loss"] > 0
-    assert summary["sft/final_copy_loss"] > 0 and ", copy loss " in result.output  # sft.copy_rows, on by default
+    assert summary["sft/final_copy_loss"] > 0 and ", copy loss " in result.output  # sft.copy_rows (cpu-long's 16)
     (sft_run,) = stage_runs("sft")
     history = MlflowClient().get_metric_history(sft_run.info.run_id, "sft/loss")
     assert [m.step for m in history] == list(range(1, len(rows) + 1))
@@ -128,6 +128,20 @@ def test_train_init_sft_rl_then_eval(workdir):
     assert {"eval/metrics.json", "eval/report.md", "eval/hardness.csv", "eval/hardness.png"} <= logged
     assert "note: logged to the active MLflow run" in result.output
 
+    # the pipeline's closing table, from the files the stages wrote (no register stage ran here)
+    result = cli("summary")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if line.startswith("split"))
+    assert header.split() == ["split", "n", "Greedy", "EX", "Pass@2", "EX"]
+    (dev_row,) = [line for line in lines if line.startswith("Dev ")]
+    assert dev_row.split()[:3] == ["Dev", "3", f"{100 * metrics['dev']['greedy']['ex']:.1f}"]
+    history = [json.loads(line) for line in (workdir / "rl" / "metrics.jsonl").read_text().splitlines()]
+    (reward,) = [line for line in lines if line.strip().startswith("reward/mean")]
+    assert f"step 1 {history[0]['reward/mean']:.3f} → step 3 {history[-1]['reward/mean']:.3f}" in reward
+    assert "RL: 3 steps" in result.output and "policy" in result.output and "rl/final" in result.output
+    assert "MLflow store" in result.output and "mlflow.db" in result.output
+
 
 def test_eval_resolves_a_registry_uri(workdir, tmp_path):
     from progress_sql.train.tiny import build_tiny_model
@@ -145,12 +159,15 @@ def test_eval_resolves_a_registry_uri(workdir, tmp_path):
 
 
 def test_eval_with_the_oracle_scores_one(workdir, tmp_path):
-    result = cli("eval", "--model", "oracle", "--split", "dev", "--split", "syn", "--out", str(tmp_path / "o"),
-                 "--no-progress")
+    result = cli("eval", "--model", "oracle", "--split", "dev", "--split", "indomain", "--split", "syn",
+                 "--out", str(tmp_path / "o"), "--no-progress")
     assert result.exit_code == 0, result.output
     assert "gate dev/greedy/ex: 1.0000" in result.output
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["dev"]["greedy"]["ex"] == 1.0 and metrics["syn"]["greedy"]["ex"] == 1.0
+    assert metrics["indomain"]["greedy"]["ex"] == 1.0 and metrics["indomain"]["n"] == 3
+    assert "## Table 1: main splits" in (tmp_path / "o" / "report.md").read_text()
+    assert "In-domain" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_stage_failures_exit_1_with_a_message(workdir, tmp_path):

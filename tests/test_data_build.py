@@ -30,7 +30,7 @@ from progress_sql.data.generate_db import (
     database_fingerprint, generate_rows, schema_sql, spider_schema, write_database,
 )
 from progress_sql.data.patterns import FAMILIES, LEVELS, Family
-from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, read_jsonl
+from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, question_key, read_jsonl
 from progress_sql.corpus.schema import read_tables_json
 from progress_sql.sql import execute, hardness
 
@@ -38,7 +38,7 @@ from conftest import REPO
 
 SMALL = {
     "n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1,
-    "train_size": 60, "dev_size": 30, "test_size": 30, "neighbours": 2,
+    "train_size": 60, "dev_size": 30, "test_size": 30, "neighbours": 2, "indomain_size": 24,
 }
 
 
@@ -257,7 +257,8 @@ def test_same_seed_gives_identical_corpus_content(corpus, tmp_path):
     layout, manifest = corpus
     again = CorpusLayout(tmp_path / "again")
     build_corpus(small_settings(), again.root, progress=False)
-    files = ["tables.json", "manifest.json", *(f"{s}.jsonl" for s in SPLITS), *(f"variants/{v}.jsonl" for v in VARIANTS)]
+    files = ["tables.json", "manifest.json", *(f"{s}.jsonl" for s in (*SPLITS, INDOMAIN)),
+             *(f"variants/{v}.jsonl" for v in VARIANTS)]
     for rel in files:
         assert (layout.root / rel).read_bytes() == (again.root / rel).read_bytes(), rel
     for db_id in manifest["databases"]:
@@ -267,6 +268,54 @@ def test_same_seed_gives_identical_corpus_content(corpus, tmp_path):
     other = tmp_path / "other"
     build_corpus(small_settings(seed=1), other, progress=False)
     assert (other / "train.jsonl").read_bytes() != layout.split("train").read_bytes()
+
+
+def test_indomain_split_asks_new_questions_on_the_train_databases(corpus):
+    layout, manifest = corpus
+    train, indomain = examples(layout, "train"), examples(layout, INDOMAIN)
+    assert len(indomain) == 24 == manifest["splits"][INDOMAIN]["examples"]
+    assert "indomain.jsonl" in manifest["files"]
+    assert {e.db_id for e in indomain} <= {e.db_id for e in train}  # the train databases, renamed copies included
+    assert set(manifest["splits"][INDOMAIN]["databases"]) == set(manifest["splits"]["train"]["databases"])
+    assert len({e.db_id for e in indomain}) > 1  # balanced over the databases, not one
+    golds = {(e.db_id, e.gold_sql) for e in train}
+    questions = {question_key(e.db_id, e.question) for e in train}
+    assert not [e.id for e in indomain if (e.db_id, e.gold_sql) in golds or question_key(e.db_id, e.question) in questions]
+    assert len({(e.db_id, e.gold_sql) for e in indomain}) == len(indomain)  # no repeats among themselves
+    assert all(e.id.startswith("bundled-indomain-") for e in indomain)
+    assert Counter(e.hardness for e in indomain) == {k: v for k, v in manifest["splits"][INDOMAIN]["hardness"].items() if v}
+    assert all(manifest["splits"][INDOMAIN]["hardness"][k] for k in LEVELS)  # every level, by data.hardness_mix
+
+
+def test_indomain_draw_repeats_no_train_example_even_when_the_draw_would(tmp_path):
+    """The exclusion itself: a draw seeded exactly like train's (same stream, same databases)
+    would repeat every train example; with train excluded it repeats none."""
+    settings = small_settings()
+    layout = CorpusLayout(tmp_path / "c")
+    build_corpus(settings, layout.root, progress=False)
+    train = examples(layout, "train")
+    from progress_sql.data.patterns import DbContext
+    from progress_sql.data.build import split_domains as domains_of
+
+    contexts = [DbContext(d.name, d, generate_rows(d, 0), layout.database(d.name)) for d in domains_of(settings)["train"]]
+    same, _ = drafting.draw_examples("train", contexts, len(train), settings)
+    assert [d.example for d in same] == train  # the very stream train was drawn from
+    excluded, stats = drafting.draw_examples("train", contexts, len(train), settings, exclude=train)
+    assert len(excluded) == len(train)
+    golds = {(e.db_id, e.gold_sql) for e in train}
+    questions = {question_key(e.db_id, e.question) for e in train}
+    assert not [d for d in excluded if (d.ctx.db_id, d.example.gold_sql) in golds
+                or question_key(d.ctx.db_id, d.example.question) in questions]
+    assert stats.rejected["duplicate"] > 0
+
+
+def test_indomain_size_leaves_train_dev_and_test_unchanged(corpus, tmp_path):
+    layout, _ = corpus
+    none = CorpusLayout(tmp_path / "none")
+    manifest = build_corpus(small_settings(indomain_size=0), none.root, progress=False)
+    for split in SPLITS:
+        assert none.split(split).read_bytes() == layout.split(split).read_bytes(), split
+    assert none.split(INDOMAIN).read_text() == "" and manifest["splits"][INDOMAIN]["examples"] == 0
 
 
 def test_failed_build_leaves_previous_corpus_and_no_temporary_folder(tmp_path, monkeypatch):

@@ -24,14 +24,14 @@ STAGES = ("build_data", "validate_data", "init_model", "sft", "train", "evaluate
 CHAIN = list(zip(STAGES, STAGES[1:]))
 TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
-             "test_size": 4, "neighbours": 1, "rows_scale": 0.3},
+             "test_size": 4, "indomain_size": 3, "neighbours": 1, "rows_scale": 0.3},
     "model": {"vocab_size": 512, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
               "intermediate_size": 64, "copy_warmup": {"steps": 3}},
     "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048},
     "rl": {"env": "single_turn", "steps": 1, "group_size": 2, "questions_per_step": 1, "micro_batch_size": 2,
            "checkpoint_every": 1, "keep_checkpoints": 1},
     "generation": {"max_new_tokens": 8, "batch_size": 4},
-    "eval": {"splits": ["dev"], "vote_k": 0, "pass_k": 0, "max_examples": 3, "batch_size": 4},
+    "eval": {"splits": ["indomain", "dev"], "vote_k": 0, "pass_k": 0, "max_examples": 3, "batch_size": 4},
 }
 
 
@@ -102,8 +102,16 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     decision = json.loads((root / "reports" / "registry.json").read_text())
     assert decision["registered"] and decision["version"] == 1 and decision["promoted"]
     metrics = json.loads((root / "reports" / "eval" / "metrics.json").read_text())
-    assert metrics["dev"]["n"] == 3
+    assert metrics["dev"]["n"] == 3 and metrics["indomain"]["n"] == 3
     assert json.loads((root / "reports" / "train" / "rl.json").read_text())["rl/steps"] == 1
+    # every long stage says it is alive: its bar as whole status lines in a log, no redraws
+    for bar in ("build corpus", "sft", "rl", "eval indomain", "eval dev"):
+        assert re.search(rf"^{bar}: +\d+%", out.stderr, re.M), (bar, out.stderr[-3000:])
+    # the closing table `make pipeline` prints after `dvc repro`
+    table = run("progress-sql", "summary").stdout
+    assert re.search(r"^In-domain +3 ", table, re.M) and re.search(r"^Dev +3 ", table, re.M), table
+    assert "RL: 1 steps" in table and "registry: progress-sql-policy v1, promoted to champion" in table
+    assert re.search(r"MLflow run +[0-9a-f]{32} \(models:/progress-sql-policy/1\)", table), table
 
     started = time.perf_counter()
     again = run("dvc", "repro")

@@ -19,7 +19,7 @@ from progress_sql.eval.runner import PROMPT_TOO_LONG
 from progress_sql.formats import FORMATS, parse_output
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
-              "test_size": 12, "neighbours": 2, "rows_scale": 0.3}
+              "test_size": 12, "indomain_size": 12, "neighbours": 2, "rows_scale": 0.3}
 TINY_MODEL = {"vocab_size": 2048, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
               "intermediate_size": 128, "copy_warmup": {"steps": 0}}
 
@@ -50,20 +50,24 @@ def oracle_run(corpus, tmp_path_factory):
 
 def test_oracle_scores_one_everywhere(oracle_run, corpus):
     result, _ = oracle_run
-    assert list(result.metrics) == ["dev", "test", "syn", "realistic", "dk"]
+    assert list(result.metrics) == ["indomain", "dev", "test", "syn", "realistic", "dk"]
     for split, m in result.metrics.items():
         n = len(list(read_jsonl(CorpusLayout(corpus).variant(split) if split in ("syn", "realistic", "dk")
                                 else CorpusLayout(corpus).split(split))))
         assert m["n"] == n > 0
         for mode in ("greedy", "vote_at_8", "multi_turn"):
-            assert (m[mode]["ex"], m[mode]["ts"], m[mode]["ts_n"]) == (1.0, 1.0, n), (split, mode)
+            # the train databases have no test-suite neighbours: no TS in-domain
+            ts = (None, 0) if split == "indomain" else (1.0, n)
+            assert (m[mode]["ex"], m[mode]["ts"], m[mode]["ts_n"]) == (1.0, *ts), (split, mode)
             assert m[mode]["exec_rate"] == m[mode]["format_rate"] == 1.0
         assert m["pass_at_8"]["ex"] == 1.0
         assert m["vote_at_8"]["mean_votes"] == 8.0 and m["vote_at_8"]["all_invalid_rate"] == 0.0
         assert m["multi_turn"]["mean_turns"] == 1.0 and m["multi_turn"]["solution_rate"] == 1.0
         assert m["odt_mismatch"]["avg"] == 0.0 and m["odt_mismatch"]["n_profiled"] == n
         assert m["gold_errors"] == m["prompt_too_long"] == 0
-    assert result.gate("dev/greedy/ex") == 1.0 and result.notes == []
+    assert result.gate("dev/greedy/ex") == 1.0
+    (note,) = result.notes
+    assert note.startswith("indomain: no test-suite neighbours for ")
 
 
 def test_oracle_run_writes_every_report_file(oracle_run):

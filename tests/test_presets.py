@@ -58,8 +58,17 @@ def test_every_preset_validates_over_params_yaml_and_says_what_it_is(name):
     assert path.read_text(encoding="utf-8").startswith(f"# {name}:"), "a preset starts with a comment saying what it is"
 
 
-def test_cpu_long_is_params_yaml_and_cpu_demo_is_small():
-    assert load_settings(PARAMS, preset="cpu-long") == load_settings(PARAMS)
+def test_cpu_long_is_the_hour_long_run_and_cpu_demo_is_small():
+    long, default = load_settings(PARAMS, preset="cpu-long"), load_settings(PARAMS)
+    # the values of the default before the 15-minute one, explicitly (docs/experiments/2026-12-03-...)
+    assert (long.data.n_databases, long.data.train_size, long.data.renamed_copies) == (16, 3000, 2)
+    assert long.model.copy_warmup.steps == 3000 and long.sft.epochs == 7.0 and long.sft.copy_rows == 16
+    assert (long.rl.steps, long.rl.max_minutes) == (40, 10.0)
+    assert (long.eval.vote_k, long.eval.pass_k, long.eval.max_examples) == (4, 4, 30)
+    assert long.model == default.model.model_copy(update={"copy_warmup": long.model.copy_warmup})  # the same policy
+    assert long.sft.epochs > default.sft.epochs
+    assert long.rl.recipe == default.rl.recipe == "progress" and long.eval.splits == default.eval.splits
+    assert "indomain" in default.eval.splits
     demo = load_settings(PARAMS, preset="cpu-demo")
     assert demo.data.train_size < 100 and demo.rl.steps == 1 and demo.eval.splits == ["dev"]
     assert demo.tracking.model_name == "progress-sql-policy-demo"  # never the real policy's champion
@@ -284,7 +293,7 @@ def _dvc_applies(args: list[str], params_file) -> None:
 
     assert args[::2] == ["-S"] * (len(args) // 2) and len(args) % 2 == 0
     groups = to_path_overrides(args[1::2])
-    assert set(groups) <= {"params.yaml"}  # cpu-long changes nothing: no arguments
+    assert set(groups) <= {"params.yaml"}  # every preset is an overlay of params.yaml
     if groups:
         apply_overrides(params_file, groups["params.yaml"])
 
@@ -321,7 +330,7 @@ def tiny_policy(tmp_path_factory):
     """(corpus, policy): the trainer tests' corpus and the tiny model after a short SFT in the
     think_sql format, shared by every preset's step (a preset whose format differs still runs)."""
     torch = pytest.importorskip("torch")
-    from test_trainer import _corpus, _settings
+    from progress_sql.data.toy import school_corpus as _corpus, school_settings as _settings
 
     from progress_sql.train.sft import run_sft
     from progress_sql.train.tiny import build_tiny_model

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -31,50 +30,7 @@ from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import collate, micro_batch_loss, question_indices, run_rl  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend  # noqa: E402
-
-QUESTIONS = [
-    ("How many students are there?", "SELECT count(*) FROM student"),
-    ("Which departments have a budget over 600?", "SELECT name FROM department WHERE budget > 600"),
-    ("List the names of students older than 21.", "SELECT name FROM student WHERE age > 21"),
-    ("What is the name of the oldest student?", "SELECT name FROM student ORDER BY age DESC LIMIT 1"),
-]
-
-
-def _corpus(root: Path) -> Path:
-    """A corpus of one small real database and four train questions."""
-    layout = CorpusLayout(root)
-    db = layout.database("school")
-    db.parent.mkdir(parents=True)
-    con = sqlite3.connect(db)
-    con.executescript(
-        "CREATE TABLE department (dept_id INTEGER PRIMARY KEY, name TEXT NOT NULL, budget REAL);"
-        "CREATE TABLE student (stu_id INTEGER PRIMARY KEY, name TEXT, age INTEGER,"
-        " dept_id INTEGER REFERENCES department(dept_id));"
-    )
-    con.executemany("INSERT INTO department VALUES (?,?,?)", [(1, "Physics", 1000.0), (2, "History", 500.0), (3, "Math", 800.0)])
-    con.executemany("INSERT INTO student VALUES (?,?,?,?)", [(i, f"s{i}", 17 + i % 8, 1 + i % 3) for i in range(1, 21)])
-    con.commit()
-    con.close()
-    write_jsonl(layout.split("train"), [
-        Example(id=f"q{i}", db_id="school", question=q, gold_sql=sql, hardness="easy", reasoning="r")
-        for i, (q, sql) in enumerate(QUESTIONS)
-    ])
-    return root
-
-
-def _settings(init_from: Path | str = ""):
-    s = default_settings().model_copy(deep=True)
-    m = s.model
-    m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads, m.intermediate_size = 1024, 64, 2, 4, 2, 128
-    m.copy_warmup.steps = 0
-    s.env.max_turns = 2
-    s.generation.max_new_tokens = 24
-    rl = s.rl
-    rl.init_from = str(init_from)
-    rl.group_size, rl.questions_per_step, rl.steps, rl.micro_batch_size = 4, 2, 2, 3  # 8 sequences: 3+3+2
-    rl.lr, rl.checkpoint_every, rl.keep_checkpoints = 1e-3, 1, 2
-    rl.seed = 1  # its first steps' groups hold unequal rewards (asserted below), so updates have a signal
-    return s
+from progress_sql.data.toy import QUESTIONS, half_right_sft, school_corpus, school_settings  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +39,8 @@ def warm(tmp_path_factory) -> tuple[Path, Path]:
     outputs whose rewards differ within a group (an untrained model's all score the same)."""
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("rl")
-    corpus = _corpus(root / "corpus")
-    s = _settings()
+    corpus = school_corpus(root / "corpus")
+    s = school_settings()
     base = build_tiny_model(corpus, s, root / "base")
     s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 60.0  # 60 steps: loss ~0.5
     s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio = 1e-2, 4, 0.0
@@ -108,7 +64,7 @@ def _finite(metrics: dict) -> bool:
 # ----------------------------------------------------------------------------- DeepSpeed
 def test_zero2_two_steps_then_resume_reproduces_step_two(warm, tmp_path):
     corpus, policy = warm
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero2.json"
     # DAPO-style: token-mean aggregation and clip-higher; KL to the reference with k3
     s.rl.loss_aggregation, s.rl.clip_eps_high, s.rl.kl_beta = "token_mean", 0.28, 0.05
@@ -153,7 +109,7 @@ def test_zero2_two_steps_then_resume_reproduces_step_two(warm, tmp_path):
 
 def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
     corpus, policy = warm
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero3.json"
     s.rl.steps, s.rl.questions_per_step = 1, 1
     result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
@@ -171,7 +127,7 @@ def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
 # ----------------------------------------------------------------------------- plain torch
 def test_plain_torch_resume_in_place_and_time_budget(warm, tmp_path):
     corpus, policy = warm
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.deepspeed, s.rl.algorithm, s.rl.clip_eps, s.rl.clip_eps_high = "never", "gspo", 3e-4, 4e-4
     s.rl.steps, s.rl.keep_checkpoints = 1, 1
     one = run_rl(s, corpus, out_dir=tmp_path / "run", progress=False)
@@ -194,7 +150,7 @@ def test_masked_tokens_get_no_gradient(warm):
     """Gradient w.r.t. the logits: zero at every position that predicts a masked token
     (prompt, feedback, end-of-turn, padding), non-zero where a sampled token is predicted."""
     corpus, policy = warm
-    s = _settings(policy)
+    s = school_settings(policy)
     model, tokenizer = load_policy(policy, device="cpu")
     layout = CorpusLayout(corpus)
     token_policy = TokenPolicy(TransformersBackend(model, tokenizer), tokenizer, s.generation, stop_strings("think_sql"), seed=3)
@@ -288,7 +244,7 @@ def test_rl_draws_only_questions_of_rl_hardness(warm, tmp_path):
     examples = list(read_jsonl(layout.split("train")))
     examples[:2] = [dataclasses.replace(ex, hardness="hard") for ex in examples[:2]]
     write_jsonl(layout.split("train"), examples)
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.deepspeed, s.rl.steps, s.rl.questions_per_step, s.rl.hardness = "never", 2, 2, ["hard"]
     result = run_rl(s, relabelled, out_dir=tmp_path / "run", progress=False)
     drawn = {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)}
@@ -307,7 +263,7 @@ def test_rl_draws_only_questions_of_rl_hardness(warm, tmp_path):
 
 def test_recipe_and_env_must_speak_one_format(warm, tmp_path):
     corpus, policy = warm
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.recipe, s.rl.env = "sql_trail", "odt_feedback"
     with pytest.raises(ValueError, match="pick a matching pair"):
         run_rl(s, corpus, out_dir=tmp_path, progress=False)
@@ -319,30 +275,37 @@ def half_right(warm, tmp_path_factory) -> tuple[Path, Path]:
     """(corpus, policy): the warm fixture's base after a longer SFT (80 steps), which samples
     the right SQL for about half of its rollouts of the four train questions (temperature 1)."""
     corpus, sft = warm
-    s = _settings()
-    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(sft.parent / "base"), 0.0, 80.0
-    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
+    s = half_right_sft(school_settings(), sft.parent / "base")
     out = tmp_path_factory.mktemp("half-right") / "sft"
     run_sft(s, corpus, out_dir=out, progress=False)
     return corpus, out
 
 
 def test_rl_raises_ex_on_its_own_questions(half_right, tmp_path):
-    """The loop optimises what it is paid for: RL with the default recipe and environment
-    (progress, odt_feedback) on the four train questions raises the share of right rollouts.
-    Without learning (lr ~0) the same seeded rollouts score about 0.44 in steps 1-10 and 0.52
-    in steps 21-30; with rl.negative_advantage_scale 1.0 at this lr the policy collapses
-    (0.50 → 0.19 after one update)."""
+    """The loop optimises what it is paid for, as GRPO is published: the default recipe and
+    environment (progress, odt_feedback), rl.negative_advantage_scale 1.0, the default loss,
+    eight passes over each batch (μ = 8: the ratio clip takes effect from the second pass).
+    On the four train questions the share of right rollouts rises, beyond what the same
+    seeded sampling gives with no update. (With one pass the clip never fires and the wrong
+    rollouts' gradient, 20× the right ones' and almost orthogonal to raising them, takes most
+    of each step: docs/experiments/2026-12-03-learning-parity-with-trl.md.)"""
     corpus, policy = half_right
-    s = _settings(policy)
+    s = school_settings(policy)
     s.rl.deepspeed, s.rl.save_rollouts, s.rl.checkpoint_every = "never", False, 100
-    s.rl.steps, s.rl.questions_per_step, s.rl.group_size, s.rl.micro_batch_size = 30, 4, 8, 16
-    s.rl.lr, s.rl.negative_advantage_scale = 1e-3, 0.1
-    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
-    ex = [m["ex"] for m in result.metrics]
-    assert len(ex) == 30
-    first, last = sum(ex[:10]) / 10, sum(ex[-10:]) / 10
-    assert last > first + 0.15 and last > 0.6, ex
+    s.rl.steps, s.rl.questions_per_step, s.rl.group_size, s.rl.micro_batch_size = 40, 4, 8, 16
+    s.rl.lr, s.rl.updates_per_batch, s.rl.max_minutes = 3e-4, 8, 60.0
+    assert s.rl.negative_advantage_scale == 1.0 and s.rl.loss_aggregation == "auto"
+    trained = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path / "trained", progress=False).metrics]
+    s.rl.lr, s.rl.updates_per_batch = 1e-12, 1  # the same seeded rollouts, no learning
+    frozen = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path / "frozen", progress=False).metrics]
+    assert len(trained) == len(frozen) == 40
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    first, last, last_frozen = mean(trained[:10]), mean(trained[-10:]), mean(frozen[-10:])
+    print(f"rollout EX: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}; no update, steps 31-40 {last_frozen:.3f}")
+    assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen)
 
 
 def test_question_pool_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):
@@ -362,7 +325,7 @@ def test_question_pool_solved_draws_only_what_the_policy_answers_greedily(half_r
                          gold_sql="SELECT min(age) FROM student", hardness="easy", reasoning="r")]
     write_jsonl(layout.split("train"), examples)
 
-    s = _settings(policy)
+    s = school_settings(policy)
     s.eval.max_examples, s.eval.vote_k, s.eval.pass_k, s.eval.ts = 0, 0, 0, False
     evaluated = run_eval(s, str(policy), extended, ["train"], tmp_path / "eval", progress=False)
     rows = [json.loads(line) for line in evaluated.files["predictions/train"].read_text().splitlines()]

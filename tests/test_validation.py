@@ -51,6 +51,11 @@ SPLIT_GOLDS = {
         ("Home towns of heavy people?", 'SELECT "Home Town" FROM people WHERE weight > 190'),
     ]),
 }
+# in-domain: new questions on the train database (no train gold or question repeated)
+INDOMAIN_GOLDS = ("concert_singer", [
+    ("Youngest singer?", "SELECT name FROM singer ORDER BY age LIMIT 1"),
+    ("Stadiums by capacity?", "SELECT name FROM stadium ORDER BY capacity DESC"),
+])
 # variant → (split, index of the original, reworded question)
 VARIANT_OF = {
     "syn": [("dev", 0, "Animals heavier than 10?"), ("dev", 1, "Kinds of animals?")],
@@ -76,6 +81,9 @@ def valid_corpus(tmp_path_factory, conformance: Path) -> Path:
     for split, (db_id, golds) in SPLIT_GOLDS.items():
         examples[split] = [Example(f"{split}-{i:03d}", db_id, q, sql, hardness(sql)) for i, (q, sql) in enumerate(golds)]
         write_jsonl(layout.split(split), examples[split])
+    db_id, golds = INDOMAIN_GOLDS
+    write_jsonl(layout.split("indomain"),
+                [Example(f"indomain-{i:03d}", db_id, q, sql, hardness(sql)) for i, (q, sql) in enumerate(golds)])
     for variant, picks in VARIANT_OF.items():
         rows = []
         for split, i, question in picks:
@@ -108,9 +116,10 @@ def test_valid_corpus_passes_and_reports(valid_corpus, tmp_path):
     report = validate_corpus(valid_corpus, _settings(), tmp_path / "reports")
     assert report.failures == []
     assert report.success
-    assert report.rows == {"train": 10, "dev": 5, "test": 4, "syn": 2, "realistic": 1, "dk": 1}
+    assert report.rows == {"train": 10, "dev": 5, "test": 4, "indomain": 2, "syn": 2, "realistic": 1, "dk": 1}
     names = [o.name for o in report.outcomes]
-    for expected in ("ids are unique", "gold SQL parses", "gold SQL executes within 2 s",
+    for expected in ("in-domain examples use train databases", "in-domain examples repeat no train gold SQL or question",
+                     "ids are unique", "gold SQL parses", "gold SQL executes within 2 s",
                      "at least 95% of gold results are non-empty", "splits are disjoint by database",
                      "hardness is one of easy, medium, hard, extra", "required field 'question' is present"):
         assert expected in names
@@ -130,14 +139,19 @@ def test_valid_corpus_passes_and_reports(valid_corpus, tmp_path):
 
 def test_corpus_frame_derived_columns(valid_corpus):
     df = corpus_frame(valid_corpus, _settings())
-    assert len(df) == 23
+    assert len(df) == 25
     assert df["gold_parses"].all() and df["gold_executes"].all() and df["db_exists"].all()
     assert (df["gold_nonempty"] == 1.0).all()
-    main = ~df["is_variant"]
+    indomain = df["part"] == "indomain"
+    main = ~df["is_variant"] & ~indomain
     assert (df.loc[main, "db_split_count"] == 1.0).all()
-    assert df.loc[~main, "db_split_count"].isna().all()  # variants derive from dev/test: not counted
-    assert df.loc[~main, "variant_db_in_train"].tolist() == [False] * 4
-    assert df.loc[main, "variant_db_in_train"].isna().all()
+    # variants derive from dev/test, in-domain shares train's databases: neither is counted
+    assert df.loc[~main, "db_split_count"].isna().all()
+    assert df.loc[df["is_variant"], "variant_db_in_train"].tolist() == [False] * 4
+    assert df.loc[~df["is_variant"], "variant_db_in_train"].isna().all()
+    assert df.loc[indomain, "indomain_db_in_train"].tolist() == [True, True]
+    assert df.loc[indomain, "indomain_repeats_train"].tolist() == [False, False]
+    assert df.loc[~indomain, ["indomain_db_in_train", "indomain_repeats_train"]].isna().all().all()
 
 
 # ----------------------------------------------------------------------------- injected defects
@@ -151,7 +165,7 @@ def _unparsable_gold(c: Path) -> None:
 
 def _empty_golds(c: Path) -> None:
     def change(rs):
-        for r in rs[:3]:  # 3 of 23 rows return nothing: 13% > 5%
+        for r in rs[:3]:  # 3 of 25 rows return nothing: 12% > 5%
             r["gold_sql"] = "SELECT name FROM singer WHERE age > 100"
     _edit(CorpusLayout(c).split("train"), change)
 
@@ -190,6 +204,19 @@ def _extra_field(c: Path) -> None:
     _edit(CorpusLayout(c).split("dev"), lambda rs: rs[4].update(answer="1003"))
 
 
+def _indomain_repeats_a_train_gold(c: Path) -> None:
+    _edit(CorpusLayout(c).split("indomain"), lambda rs: rs[0].update(gold_sql="SELECT count(*) FROM singer"))
+
+
+def _indomain_repeats_a_train_question(c: Path) -> None:  # case and spacing do not hide it
+    _edit(CorpusLayout(c).split("indomain"), lambda rs: rs[1].update(question="how many  singers are there?"))
+
+
+def _indomain_on_a_dev_database(c: Path) -> None:
+    _edit(CorpusLayout(c).split("indomain"), lambda rs: rs.append(
+        dict(rs[0], id="indomain-leak", db_id="pets_1", gold_sql="SELECT count(*) FROM pets", question="How many pets?")))
+
+
 def _empty_test_split(c: Path) -> None:
     CorpusLayout(c).split("test").write_text("")
 
@@ -208,9 +235,13 @@ def _empty_test_split(c: Path) -> None:
          "test-000"),
         (_bad_hardness, {"hardness is one of easy, medium, hard, extra"}, "dev-000"),
         (_missing_database, {"database file exists", "gold SQL executes within 2 s"}, "test-003 (no_database)"),
-        (_variant_on_train_database, {"variants use no train database"}, "concert_singer in train+syn"),
+        (_variant_on_train_database, {"variants use no train database"}, "concert_singer in train+indomain+syn"),
         (_extra_field, {"records carry only Example fields"}, "dev-004"),
         (_empty_test_split, {"every split has examples"}, "missing: test"),
+        (_indomain_repeats_a_train_gold, {"in-domain examples repeat no train gold SQL or question"}, "indomain-000"),
+        (_indomain_repeats_a_train_question, {"in-domain examples repeat no train gold SQL or question"},
+         "indomain-001"),
+        (_indomain_on_a_dev_database, {"in-domain examples use train databases"}, "pets_1 in dev+indomain"),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else None,
 )
@@ -238,17 +269,20 @@ def test_gold_that_times_out(corpus, tmp_path):
 
 def test_empty_share_threshold_comes_from_settings(corpus, tmp_path):
     _edit(CorpusLayout(corpus).split("dev"), lambda rs: rs[1].update(gold_sql="SELECT pettype FROM pets WHERE 0"))
-    assert validate_corpus(corpus, _settings(), tmp_path).success  # 1 of 23 empty: 4% ≤ 5%
+    assert validate_corpus(corpus, _settings(), tmp_path).success  # 1 of 25 empty: 4% ≤ 5%
     # The build may keep no empty golds either: empty_gold_share never exceeds the threshold.
     strict = validate_corpus(corpus, _settings(max_empty_gold_share=0.0, empty_gold_share=0.0), tmp_path)
     assert _failed(strict) == {"at least 100% of gold results are non-empty"}
-    assert "share 0.957, 1 empty (e.g. dev-001)" in strict.failures[0]
+    assert "share 0.960, 1 empty (e.g. dev-001)" in strict.failures[0]
 
 
-def test_variants_are_optional(corpus, tmp_path):
+def test_variants_and_the_indomain_split_are_optional(corpus, tmp_path):
     shutil.rmtree(corpus / "variants")
+    CorpusLayout(corpus).split("indomain").write_text("")  # an imported corpus: written empty
     report = validate_corpus(corpus, _settings(), tmp_path)
     assert report.success and report.rows == {"train": 10, "dev": 5, "test": 4}
+    CorpusLayout(corpus).split("indomain").unlink()  # a corpus built before the split existed
+    assert validate_corpus(corpus, _settings(), tmp_path).success
 
 
 def test_unreadable_files_raise_corpus_error(corpus, tmp_path):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from progress_sql.config import Settings
     from progress_sql.data.validation import ValidationReport
     from progress_sql.eval.runner import EvalResult
+    from progress_sql.eval.summary import PipelineSummary
     from progress_sql.tracking import PromotionDecision
     from progress_sql.train.sft import SFTResult
     from progress_sql.train.trainer import RLResult
@@ -160,6 +161,38 @@ def gate(settings: Settings, name: str, version: int, metrics: Mapping[str, floa
     if report:
         tracking.write_registry_report(report, name, version, decision)
     return decision
+
+
+def summary(settings: Settings, *, registry_report: str | Path = "reports/registry.json",
+            mlflow: bool = True) -> PipelineSummary:
+    """``progress-sql summary`` (after ``dvc repro``): the numbers of the last pipeline run from
+    the files its stages wrote (``eval.out_dir``/metrics.json, ``rl.out_dir``/metrics.jsonl,
+    ``registry_report``) and where its artefacts and MLflow run are. With ``mlflow`` and
+    tracking on, the registered version's run id is read from the registry (imports MLflow);
+    a registry that cannot be read leaves it out, naming why."""
+    from progress_sql.eval.summary import PipelineSummary, read_rl_history
+
+    eval_dir, rl_dir = Path(settings.eval.out_dir), Path(settings.rl.out_dir)
+    metrics_file, registry_file = eval_dir / "metrics.json", Path(registry_report)
+    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else None
+    registry = json.loads(registry_file.read_text(encoding="utf-8")) if registry_file.is_file() else None
+    places = {"corpus": settings.data.out_dir, "policy": str(rl_dir / "final"),
+              "evaluation": f"{eval_dir / 'report.md'} (predictions: {eval_dir / 'predictions'})",
+              "training curves": "reports/train/ (dvc plots show)"}
+    if settings.tracking.enabled and mlflow:
+        from progress_sql import tracking
+
+        places["MLflow store"] = f"{tracking.tracking_uri(settings)} (experiment {settings.tracking.experiment}; " \
+                                 "`progress-sql ui` opens it)"
+        if registry and registry.get("registered"):
+            try:
+                rows = {row.version: row for row in tracking.show(registry["model"], settings)}
+                run = rows[registry["version"]].run_id if registry["version"] in rows else "not found"
+            except tracking.TrackingError as err:
+                run = f"not read ({err})"
+            places["MLflow run"] = f"{run} (models:/{registry['model']}/{registry['version']})"
+    return PipelineSummary(metrics=metrics, rl_history=read_rl_history(rl_dir / "metrics.jsonl"), places=places,
+                           registry=registry)
 
 
 def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, evidence: str = "") -> Any:

@@ -43,6 +43,7 @@ def _register_optional() -> None:
         from progress_sql.cli.ask import ask
         from progress_sql.cli.eval import evaluate
         from progress_sql.cli.registry import app as registry_app
+        from progress_sql.cli.summary import summary
         from progress_sql.cli.train import app as train_app
     except ImportError:
         return
@@ -50,6 +51,7 @@ def _register_optional() -> None:
     app.command("eval")(evaluate)
     app.add_typer(registry_app, name="registry")
     app.command("ask")(ask)
+    app.command("summary")(summary)
     if all(importlib.util.find_spec(name) for name in ("prefect", "httpx")):  # the Prefect and MLflow UIs
         from progress_sql.cli.ui import ui
 
@@ -60,4 +62,9 @@ _register_optional()
 
 
 def main() -> None:
+    """The ``progress-sql`` console script. When stderr is not a terminal (a log, ``dvc repro``
+    in CI) the progress bars print a status line now and then instead of redrawing one line."""
+    from progress_sql.cli.common import status_lines_when_piped
+
+    status_lines_when_piped()
     app()

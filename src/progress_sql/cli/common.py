@@ -76,3 +76,76 @@ def stage_or_exit(name: str, errors: tuple[type[BaseException], ...] = ()) -> It
     except (CorpusError, TrackingError, ValueError, FileNotFoundError, *errors) as err:
         typer.echo(f"error: stage {name} failed: {err}", err=True)
         raise typer.Exit(1) from None
+
+
+# ----------------------------------------------------------------------------- progress in a log
+STATUS_EVERY_S = 20.0  # a progress bar's status line at most this often when stderr is not a terminal
+
+
+class StatusLines:
+    """A text stream over ``stream`` (stderr) that turns the carriage-return redraws of progress
+    bars (tqdm's, and transformers') into whole lines, at most one per ``every_s`` seconds
+    per bar, plus each bar's last state when it closes. Other text passes through unchanged.
+    In a terminal a bar redraws one line in place; in a pipe (``dvc repro`` in CI, a log file)
+    each redraw would be appended to that one line, tens of times a second."""
+
+    def __init__(self, stream, every_s: float = STATUS_EVERY_S, clock=None) -> None:
+        import time
+
+        self._stream, self._every = stream, every_s
+        self._clock = clock or time.monotonic
+        self._pending: str | None = None  # the newest status not yet printed
+        self._last: dict[str, float] = {}  # bar label → when its status was last printed
+        self._after_status = False  # the last thing written was a status line
+
+    def write(self, text: str) -> int:
+        if "\r" not in text:
+            if text == "\n" and (self._pending is not None or self._after_status):  # a bar closing
+                if self._pending is not None:
+                    self._emit(self._pending)  # its final state
+                self._after_status = False
+                return len(text)
+            self._after_status = False
+            return self._stream.write(text)
+        lead, *redraws = text.split("\r")
+        if lead:  # text before the redraw
+            self._stream.write(lead)
+        status = next((part.strip() for part in reversed(redraws) if part.strip()), "")
+        if not status:  # a bar clearing its line (leave=False): its final state
+            if self._pending is not None:
+                self._emit(self._pending)
+            return len(text)
+        now = self._clock()
+        if now - self._last.get(_label(status), -float("inf")) >= self._every:
+            self._emit(status)
+        else:
+            self._pending = status
+        return len(text)
+
+    def _emit(self, status: str) -> None:
+        self._pending, self._after_status = None, True
+        self._last[_label(status)] = self._clock()
+        self._stream.write(status + "\n")
+        self._stream.flush()
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str):  # encoding, fileno, ... of the wrapped stream
+        return getattr(self._stream, name)
+
+
+def _label(status: str) -> str:
+    """A bar's label: its status up to the first colon (``sft: 40%|...`` → ``sft``)."""
+    return status.split(":", 1)[0]
+
+
+def status_lines_when_piped() -> None:
+    """Wrap ``sys.stderr`` in ``StatusLines`` when it is not a terminal (see there)."""
+    import sys
+
+    if not isinstance(sys.stderr, StatusLines) and not sys.stderr.isatty():
+        sys.stderr = StatusLines(sys.stderr)

@@ -10,7 +10,12 @@ from typing import Iterable, Iterator
 from progress_sql.sql.hardness import HARDNESS_LEVELS  # noqa: F401  (re-exported for data code)
 from progress_sql.sql.verdict import SEMANTICS, Semantics
 
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "dev", "test")  # split by database: dev and test databases never occur in train
+# Unseen questions on the train databases (no gold SQL or question of train): how far the policy
+# gets where it knows the schema, beside dev/test, where it must read a new one. The bundled build
+# draws it (data.indomain_size); an imported corpus writes it empty (its dev sets are the measure).
+INDOMAIN = "indomain"
+CORPUS_SPLITS = (*SPLITS, INDOMAIN)  # the split files <name>.jsonl
 VARIANTS = ("syn", "realistic", "dk")
 
 
@@ -46,6 +51,11 @@ class Example:
         if record["semantics"] == "spider":
             del record["semantics"]
         return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def question_key(db_id: str, question: str) -> tuple[str, str]:
+    """A question as duplicates are recognised: its database and its text, case and spacing folded."""
+    return db_id, " ".join(question.casefold().split())
 
 
 _REQUIRED = ("id", "db_id", "question", "gold_sql", "hardness")
@@ -121,7 +131,7 @@ class CorpusLayout:
     def tables_json(self) -> Path:  # Spider-format schemas of every database
         return self.root / "tables.json"
 
-    def split(self, name: str) -> Path:  # train.jsonl, dev.jsonl, test.jsonl
+    def split(self, name: str) -> Path:  # train.jsonl, dev.jsonl, test.jsonl, indomain.jsonl
         return self.root / f"{name}.jsonl"
 
     def variant(self, name: str) -> Path:  # variants/syn.jsonl, ...

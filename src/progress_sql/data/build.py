@@ -6,6 +6,8 @@ Layout (``records.CorpusLayout``)::
     databases/<db_id>/<db_id>.sqlite   one per chosen domain
     tables.json                        Spider-format schemas
     train.jsonl dev.jsonl test.jsonl   examples; dev/test databases never appear in train
+    indomain.jsonl                     unseen questions on the train databases (data.indomain_size):
+                                       no gold SQL or question of train on the same database
     variants/{syn,realistic,dk}.jsonl  robustness suite from dev + test
     neighbours/<db_id>/<k>.sqlite      k fuzzed neighbours per dev/test database
     manifest.json                      seed, settings, counts, hardness, coverage, hashes
@@ -37,7 +39,7 @@ from progress_sql.data.drafting import Draft, draw_examples
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
 from progress_sql.data.neighbours import query_literals, write_neighbours
 from progress_sql.data.patterns import LEVELS, DbContext
-from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
+from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
 from progress_sql.data.variants import build_variants
 from progress_sql.sql.sandbox import clear_connection_cache
 
@@ -117,7 +119,7 @@ def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dic
     started = time.perf_counter()
     data = settings.data
     by_split = split_domains(settings)
-    sizes = {"train": data.train_size, "dev": data.dev_size, "test": data.test_size}
+    sizes = {"train": data.train_size, "dev": data.dev_size, "test": data.test_size, INDOMAIN: data.indomain_size}
     n_neighbours = data.neighbours * (data.n_dev_databases + data.n_test_databases)
     total = sum(map(len, by_split.values())) + sum(sizes.values()) + n_neighbours + 1
     bar = tqdm(total=total, desc="build corpus", unit="step", disable=not progress, leave=False)
@@ -142,6 +144,13 @@ def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dic
             drafts[split], stats = draw_examples(split, contexts[split], sizes[split], settings, bar.update)
             draw_stats[split] = {"attempts": stats.attempts, "rejected": dict(sorted(stats.rejected.items()))}
             write_jsonl(layout.split(split), (d.example for d in drafts[split]))
+        # In-domain: drawn after train with its own seeded stream (train, dev and test stay as
+        # they are), on the train databases, repeating no train gold or question there.
+        bar.set_postfix_str(f"{INDOMAIN} examples")
+        drafts[INDOMAIN], stats = draw_examples(INDOMAIN, contexts["train"], sizes[INDOMAIN], settings, bar.update,
+                                                exclude=[d.example for d in drafts["train"]])
+        draw_stats[INDOMAIN] = {"attempts": stats.attempts, "rejected": dict(sorted(stats.rejected.items()))}
+        write_jsonl(layout.split(INDOMAIN), (d.example for d in drafts[INDOMAIN]))
 
         bar.set_postfix_str("variants")
         variants, coverage = build_variants(drafts["dev"] + drafts["test"], settings)
@@ -174,11 +183,11 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
               contexts: dict[str, list[DbContext]], drafts: dict[str, list[Draft]], draw_stats: dict,
               variants: dict, coverage: dict, neighbours: dict[str, list[str]]) -> dict[str, Any]:
     splits = {}
-    for split in SPLITS:
+    for split in CORPUS_SPLITS:
         ds = drafts[split]
         hardness = Counter(d.example.hardness for d in ds)
         splits[split] = {
-            "databases": [d.name for d in by_split[split]],
+            "databases": [d.name for d in by_split["train" if split == INDOMAIN else split]],
             "examples": len(ds),
             "hardness": {k: hardness.get(k, 0) for k in LEVELS},
             "empty_gold": sum(d.empty for d in ds),
@@ -194,7 +203,7 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
         }
         for split in SPLITS for ctx in contexts[split]
     }
-    files = [layout.tables_json] + [layout.split(s) for s in SPLITS] + [layout.variant(v) for v in VARIANTS]
+    files = [layout.tables_json] + [layout.split(s) for s in CORPUS_SPLITS] + [layout.variant(v) for v in VARIANTS]
     return {
         "format": MANIFEST_FORMAT,
         "source": "bundled",

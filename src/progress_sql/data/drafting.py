@@ -19,7 +19,7 @@ from progress_sql.config import Settings
 from progress_sql.data.domains.spec import Domain, DKRule
 from progress_sql.data.patterns import FAMILY_BY_NAME, LEVELS, DbContext, Family, ask, families_for
 from progress_sql.data.query import Col, Cond, Select, map_conds, reasoning, render_sql
-from progress_sql.corpus.records import CorpusError, Example
+from progress_sql.corpus.records import CorpusError, Example, question_key
 from progress_sql.sql import ExecResult, GoldCache, execute, execution_match, hardness, strip_distinct
 
 _ATTEMPTS_PER_EXAMPLE = 60  # a safety bound: give up (with a message) after this many tries each
@@ -141,15 +141,19 @@ def make_example(ex_id: str, ctx: DbContext, fam: Family, sel: Select, salt: str
 
 
 def draw_examples(split: str, contexts: list[DbContext], size: int, settings: Settings,
-                  on_accept: Callable[[], None] = lambda: None) -> tuple[list[Draft], DrawStats]:
-    """``size`` examples over ``contexts`` (balanced across databases), ids ``bundled-<split>-NNNNN``."""
+                  on_accept: Callable[[], None] = lambda: None,
+                  exclude: list[Example] | None = None) -> tuple[list[Draft], DrawStats]:
+    """``size`` examples over ``contexts`` (balanced across databases), ids ``bundled-<split>-NNNNN``.
+    ``exclude``: examples (train's) whose gold SQL or question (``question_key``) on the same
+    database a drawn example may not repeat (the in-domain split)."""
     seed = settings.data.seed
     rng = random.Random(f"{seed}:examples:{split}")
     quotas = level_quotas(size, settings)
     max_empty = int(size * settings.data.empty_gold_share)
     taken = {k: 0 for k in LEVELS}
     per_db = {c.db_id: 0 for c in contexts}
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str]] = {(ex.db_id, ex.gold_sql) for ex in exclude or ()}
+    seen_questions = {question_key(ex.db_id, ex.question) for ex in exclude or ()}
     drafts: list[Draft] = []
     stats = DrawStats()
     n_empty = 0
@@ -189,12 +193,17 @@ def draw_examples(split: str, contexts: list[DbContext], size: int, settings: Se
         if empty and n_empty >= max_empty:
             stats.reject("empty")
             continue
-        n_empty += empty
-        seen.add((ctx.db_id, sql))
-        taken[level_got] += 1
-        per_db[ctx.db_id] += 1
         salt = f"{seed}:{ctx.db_id}:{sql}"
         ex = make_example(f"bundled-{split}-{len(drafts):05d}", ctx, fam, sel, salt, level_got, rules)
+        if exclude is not None and question_key(ctx.db_id, ex.question) in seen_questions:
+            stats.reject("duplicate question")
+            continue
+        n_empty += empty
+        seen.add((ctx.db_id, sql))
+        if exclude is not None:
+            seen_questions.add(question_key(ctx.db_id, ex.question))
+        taken[level_got] += 1
+        per_db[ctx.db_id] += 1
         drafts.append(Draft(ex, fam.name, sel, ctx, empty, salt))
         on_accept()
     return drafts, stats

@@ -23,6 +23,10 @@ What the corpus gets:
   within ``data.gold_timeout_s``) is dropped and the next one in the draw order takes its place.
 - dev / test: the dev (and Spider test) sets of ``data.import_eval``; golds that fail are kept
   (they count as wrong for every model, as in the official evaluators) and reported.
+- indomain: none, written empty (``indomain.jsonl``, like a variant not given). Spider's and
+  BIRD's dev sets already measure cross-database accuracy on real data; the bundled corpus's
+  in-domain split exists so that the tiny CPU policy shows movement. The evaluation skips an
+  empty split with a note.
 - every example's ``semantics`` (``sql.verdict``): ``spider`` for Spider and its variants,
   ``bird`` for BIRD and SynSQL. The manifest's ``semantics`` names the corpus's one semantics,
   or ``mixed`` when examples differ (each then carries its own).
@@ -55,7 +59,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from progress_sql.config import Settings
-from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
+from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider
 from progress_sql.data.build import MANIFEST_FORMAT, build_atomically, sha256_file
 from progress_sql.data.loaders import (
@@ -391,6 +395,7 @@ class _Importer:
         splits = {"train": train, "dev": dev, "test": test}
         for name, examples in splits.items():
             write_jsonl(layout.split(name), (_for_corpus(ex) for ex in examples))
+        write_jsonl(layout.split(INDOMAIN), ())  # none: see the module notes
         for name in VARIANTS:
             write_jsonl(layout.variant(name), (_for_corpus(ex) for ex in variants.get(name, [])))
         everything = train + held_out
@@ -443,7 +448,7 @@ class _Importer:
             }
         all_examples = [ex for exs in (*splits.values(), *variants.values()) for ex in exs]
         kinds = sorted({ex.semantics for ex in all_examples})
-        files = [layout.tables_json, layout.import_report, *(layout.split(s) for s in SPLITS),
+        files = [layout.tables_json, layout.import_report, *(layout.split(s) for s in (*SPLITS, INDOMAIN)),
                  *(layout.variant(v) for v in VARIANTS)]
         settings = {k: v for k, v in data.model_dump().items()
                     if k.startswith("import_") or k in ("source", "seed", "mix_total", "mix", "max_failing_gold_share",

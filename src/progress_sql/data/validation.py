@@ -15,6 +15,11 @@ suite, with two differences: a gold may fail on its database in at most
 ``data.max_failing_gold_share`` of the rows (real datasets ship a few such golds; the import
 dropped those of train and kept those of dev/test), and the test split may be empty when no
 dataset gave one. The report counts the golds the import dropped (``import_report.json``).
+
+The in-domain split (``indomain.jsonl``, optional: an import and an older corpus have none or
+an empty one) shares the train databases by design: it is left out of the disjointness check,
+and two checks of its own hold instead: its databases are train databases, and none of its
+examples repeats a train example's gold SQL or question on the same database.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any
 import pandas as pd
 
 from progress_sql.config import Settings
-from progress_sql.corpus.records import HARDNESS_LEVELS, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_text
+from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example,
+                                         question_key, read_text)
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 from progress_sql.sql.verdict import SEMANTICS, comparison_sql
 
@@ -178,6 +184,8 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for split in SPLITS:
         rows += _read_rows(layout.split(split), split)
+    if layout.split(INDOMAIN).exists():  # optional: an imported or older corpus has none
+        rows += _read_rows(layout.split(INDOMAIN), INDOMAIN)
     for variant in VARIANTS:
         if layout.variant(variant).exists():  # variants are optional (a Spider-only corpus has none)
             rows += _read_rows(layout.variant(variant), variant)
@@ -206,7 +214,8 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     # over golds that ran (one that fails to run is the "executes" expectation's business).
     df["gold_nonempty"] = [float(bool(r.rows)) if r is not None and r.ok else math.nan for r in outcome]
 
-    main = ~df["is_variant"] & df["db_id"].notna()
+    indomain = df["part"] == INDOMAIN
+    main = ~df["is_variant"] & ~indomain & df["db_id"].notna()  # in-domain shares train's databases
     splits_per_db = df[main].groupby("db_id")["part"].nunique()
     df["db_split_count"] = [
         float(splits_per_db[db]) if is_main else math.nan for db, is_main in zip(df["db_id"], main)
@@ -215,6 +224,17 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     df["variant_db_in_train"] = [
         (db in train_dbs) if variant and db is not None else None
         for db, variant in zip(df["db_id"], df["is_variant"])
+    ]
+    df["indomain_db_in_train"] = [(db in train_dbs) if inside and db is not None else None
+                                  for db, inside in zip(df["db_id"], indomain)]
+    train = df[df["part"] == "train"]
+    train_golds = set(zip(train["db_id"], train["gold_sql"]))
+    train_questions = {question_key(db, q) for db, q in zip(train["db_id"], train["question"])
+                       if isinstance(db, str) and isinstance(q, str)}
+    df["indomain_repeats_train"] = [
+        ((db, sql) in train_golds or (isinstance(db, str) and isinstance(q, str)
+                                      and question_key(db, q) in train_questions)) if inside else None
+        for db, sql, q, inside in zip(df["db_id"], df["gold_sql"], df["question"], indomain)
     ]
     return df
 
@@ -286,6 +306,10 @@ def _suite(gx: Any, settings: Settings, manifest: dict[str, Any] | None = None) 
          E.ExpectColumnValuesToBeInSet(column="db_split_count", value_set=[1.0])),
         (_Check("variants use no train database", "variant_db_in_train", offender_column="db_id"),
          E.ExpectColumnValuesToBeInSet(column="variant_db_in_train", value_set=[False])),
+        (_Check("in-domain examples use train databases", "indomain_db_in_train", offender_column="db_id"),
+         E.ExpectColumnValuesToBeInSet(column="indomain_db_in_train", value_set=[True])),
+        (_Check("in-domain examples repeat no train gold SQL or question", "indomain_repeats_train"),
+         E.ExpectColumnValuesToBeInSet(column="indomain_repeats_train", value_set=[False])),
     ]
     suite = gx.ExpectationSuite(name="progress_sql_corpus")
     for check, expectation in specs:
@@ -385,7 +409,8 @@ def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> V
         corpus_dir=str(corpus_dir),
         success=bool(result.success),
         outcomes=outcomes,
-        rows={part: int(n) for part in (*SPLITS, *VARIANTS) if (n := (df["part"] == part).sum()) or part in SPLITS},
+        rows={part: int(n) for part in (*SPLITS, INDOMAIN, *VARIANTS)
+              if (n := (df["part"] == part).sum()) or part in SPLITS},
         thresholds={
             "max_empty_gold_share": settings.data.max_empty_gold_share,
             "gold_timeout_s": settings.data.gold_timeout_s,

@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from progress_sql.config import EvalSettings
-from progress_sql.corpus.records import SPLITS, VARIANTS
+from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS
 from progress_sql.sql.hardness import HARDNESS_LEVELS
 
 HARDNESS_COLUMNS = ("group", "split", "decoding", "hardness", "n", "ex", "ts")
 ROBUSTNESS_COLUMNS = ("group", "split", "decoding", "ex", "ts")
-_SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "syn": "Syn", "realistic": "Realistic", "dk": "DK"}
+_SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "indomain": "In-domain", "syn": "Syn", "realistic": "Realistic", "dk": "DK"}
 _NOT_MODES = ("odt_mismatch",)
 
 
@@ -168,7 +168,7 @@ def markdown_report(model: str, metrics: dict[str, Any], cfg: EvalSettings, note
                       "removed, ordered when the gold orders; bird: BIRD's EX, set(pred rows) == set(gold rows)): "
                   + "; ".join(judged) + "."]
     sections = [
-        ("Table 1: main splits (EX / TS)", _accuracy_table(model, metrics, SPLITS)),
+        ("Table 1: main splits (EX / TS)", _accuracy_table(model, metrics, CORPUS_SPLITS)),
         ("Table 2: robustness variants (EX / TS)", _accuracy_table(model, metrics, VARIANTS)),
         ("Table 8: ODT structural-mismatch rates, greedy (%; lower is better)", _mismatch_table(model, metrics)),
         ("Table 9: accuracy by the dataset's difficulty labels (BIRD)", _breakdown_tables(metrics, "by_difficulty", list)),

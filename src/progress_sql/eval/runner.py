@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from progress_sql import rewards
 from progress_sql.config import Settings
-from progress_sql.corpus.records import SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql import envs
 from progress_sql.envs import Request, SchemaTexts, rollout, round1_messages
 from progress_sql.eval import plots, reports
@@ -63,7 +63,7 @@ from progress_sql.formats import FormatName, parse_output
 from progress_sql.sql.pool import SQLPool
 
 PROMPT_TOO_LONG = "prompt_too_long"  # the finish reason of an output not generated (inference.policy)
-KNOWN_SPLITS = (*SPLITS, *VARIANTS)
+KNOWN_SPLITS = (*CORPUS_SPLITS, *VARIANTS)
 
 # Decoding-mode keys of the metrics ('@' is not allowed in MLflow metric names: vote_at_8).
 GREEDY = "greedy"
@@ -112,7 +112,7 @@ def split_semantics(examples: Iterable[Example]) -> str:
 
 def split_path(layout: CorpusLayout, name: str) -> Path:
     """The JSONL file of split or variant ``name``."""
-    if name in SPLITS:
+    if name in CORPUS_SPLITS:
         return layout.split(name)
     if name in VARIANTS:
         return layout.variant(name)
@@ -333,7 +333,7 @@ def run_eval(
     ``out_dir`` (see the module notes) and return the metrics.
 
     ``model``: a model directory or hub id, ``"smollm2"``, ``"oracle"`` (gold SQL: EX/TS must be
-    1.0), or a ready ``Generator``. ``splits``: names among train/dev/test/syn/realistic/dk
+    1.0), or a ready ``Generator``. ``splits``: names among train/dev/test/indomain/syn/realistic/dk
     (None: ``eval.splits``). Everything else comes from ``settings.eval`` (and
     ``generation``, ``sandbox``, ``env``, ``rl.recipe`` for the output format). Raises
     CorpusError when a split file or database is missing, before any model is loaded.

