@@ -154,6 +154,19 @@ def stop_index(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str]) ->
     return None
 
 
+def _checked_request(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
+                     max_new_tokens: int) -> list[list[int]]:
+    """The prompts as lists of ints, after the checks every backend's ``generate`` makes."""
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError("n and max_new_tokens must be at least 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+    checked = [[int(t) for t in p] for p in prompts]
+    if any(not p for p in checked):
+        raise ValueError("every prompt needs at least one token")
+    return checked
+
+
 def _sample_seeds(seed: int | None, count: int) -> list[int]:
     # Per-sequence seeds: from ``seed`` when given, else from torch's global generator (so
     # torch.manual_seed makes an unseeded call reproducible as well).
@@ -303,13 +316,7 @@ class TransformersBackend:
         seed: int | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples of each prompt (temperature 0: greedy); deterministic given ``seed``."""
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError("n and max_new_tokens must be at least 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-        prompts = [[int(t) for t in p] for p in prompts]
-        if any(not p for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        prompts = _checked_request(prompts, n, temperature, top_p, max_new_tokens)
         if not prompts:
             return []
         seeds = _sample_seeds(seed, len(prompts) * n)
@@ -617,13 +624,7 @@ class VLLMBackend:
     ) -> list[list[Sample]]:
         """``n`` samples of each prompt; same contract as ``TransformersBackend.generate`` (the
         samples themselves differ: vLLM draws with its own generators)."""
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError("n and max_new_tokens must be at least 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-        prompts = [[int(t) for t in p] for p in prompts]
-        if any(not p for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        prompts = _checked_request(prompts, n, temperature, top_p, max_new_tokens)
         if not prompts:
             return []
         # One seed per prompt (vLLM gives a prompt's n samples seed, seed + 1, ...): identical
