@@ -330,7 +330,7 @@ def tiny_policy(tmp_path_factory):
     """(corpus, policy): the trainer tests' corpus and the tiny model after a short SFT in the
     think_sql format, shared by every preset's step (a preset whose format differs still runs)."""
     torch = pytest.importorskip("torch")
-    from progress_sql.data.toy import school_corpus as _corpus, school_settings as _settings
+    from progress_sql.data.toy import half_right_sft, school_corpus as _corpus, school_settings as _settings
 
     from progress_sql.train.sft import run_sft
     from progress_sql.train.tiny import build_tiny_model
@@ -340,9 +340,7 @@ def tiny_policy(tmp_path_factory):
     corpus = _corpus(root / "corpus")
     s = _settings()
     base = build_tiny_model(corpus, s, root / "base")
-    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 15.0
-    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
-    run_sft(s, corpus, out_dir=root / "sft", progress=False)
+    run_sft(half_right_sft(s, base, 15.0), corpus, out_dir=root / "sft", progress=False)
     return corpus, root / "sft"
 
 

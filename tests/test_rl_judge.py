@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.data.toy import school_corpus as _corpus, school_settings as _settings  # noqa: E402  (the school corpus, tiny sizes)
+from progress_sql.data.toy import half_right_sft, school_corpus as _corpus, school_settings as _settings  # noqa: E402  (the school corpus, tiny sizes)
 
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
@@ -81,9 +81,7 @@ def reasoning_policy(tmp_path_factory):
     corpus = _corpus(root / "corpus")
     s = _reasoning_settings()
     base = build_tiny_model(corpus, s, root / "base")
-    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 60.0
-    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
-    run_sft(s, corpus, out_dir=root / "sft", progress=False)
+    run_sft(half_right_sft(s, base, 60.0), corpus, out_dir=root / "sft", progress=False)
     return corpus, root / "sft"
 
 

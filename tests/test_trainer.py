@@ -42,10 +42,8 @@ def warm(tmp_path_factory) -> tuple[Path, Path]:
     corpus = school_corpus(root / "corpus")
     s = school_settings()
     base = build_tiny_model(corpus, s, root / "base")
-    s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, 60.0  # 60 steps: loss ~0.5
-    s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio = 1e-2, 4, 0.0
-    s.sft.copy_rows = 0  # no copy warmup to keep; the seeded rollouts below are drawn from this policy
-    run_sft(s, corpus, out_dir=root / "sft", progress=False)
+    # 60 steps: loss ~0.5; no copy rows (the seeded rollouts below are drawn from this policy)
+    run_sft(half_right_sft(s, base, 60.0), corpus, out_dir=root / "sft", progress=False)
     return corpus, root / "sft"
 
 
