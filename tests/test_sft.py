@@ -33,6 +33,7 @@ from progress_sql.train.sft import (  # noqa: E402
     shared_prefix_length,
     target_text,
     token_loss,
+    training_autocast,
 )
 from progress_sql.train.tiny import build_tiny_model, copy_accuracy, copy_rows, ordinary_ids  # noqa: E402
 
@@ -226,6 +227,26 @@ def test_shared_prefix_loss_equals_the_plain_padded_loss_and_gradients(workdir, 
     assert abs(shared - plain) < 1e-5
     assert n_plain - n_shared == (len(rows) - 1) * k  # the shared prefix ran once, not once per row
     assert torch.allclose(g_shared, g_plain, atol=1e-6, rtol=1e-4)
+
+
+def test_bf16_autocast_keeps_the_loss_and_fp32_weights_and_gradients(workdir, conversations, tokenizer):
+    model, _ = load_policy(workdir / "base", dtype="float32", device="cpu")
+    model.train()
+    rows = [encode_conversation(tokenizer, c.messages, c.targets) for c in conversations[:4]]
+    losses = {}
+    for mode in ("off", "bf16"):
+        model.zero_grad()
+        with training_autocast(mode, torch.device("cpu"), torch.float32):
+            loss, _ = token_loss(model, rows, tokenizer.pad_token_id)
+            logits = model(torch.tensor([rows[0][0][:8]])).logits
+        loss.backward()
+        losses[mode] = loss.item()
+        assert logits.dtype == (torch.bfloat16 if mode == "bf16" else torch.float32)
+        assert all(p.dtype == p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+    assert abs(losses["bf16"] - losses["off"]) < 0.05 * losses["off"]  # bf16 rounding, not another loss
+    # auto leaves weights that are already low precision as they are
+    with training_autocast("auto", torch.device("cpu"), torch.bfloat16):
+        assert not torch.is_autocast_enabled("cpu")
 
 
 def test_shared_prefix_length_stops_before_the_first_target():

@@ -171,7 +171,7 @@ class SFTSettings(_Section):
     out_dir: str = "outputs/sft"
     epochs: float = Field(4.0, gt=0.0)
     lr: float = Field(2e-3, gt=0.0)
-    batch_size: int = Field(16, ge=1)  # conversations per step, drawn from one database
+    batch_size: int = Field(8, ge=1)  # conversations per step, drawn from one database
     max_seq_len: int = Field(1536, ge=32)  # longer conversations are dropped, not truncated
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
@@ -180,6 +180,9 @@ class SFTSettings(_Section):
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
     copy_rows: int = Field(0, ge=0)  # random copy strings added to each step's loss (model.copy_warmup); 0: none
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
+    # the forward pass: auto = bf16 autocast for fp32 weights on a CPU with bf16 instructions
+    # (AVX512-BF16 / AMX: ~1.4x faster steps), else the weights' dtype; bf16: always; off: never
+    autocast: Literal["auto", "bf16", "off"] = "auto"
     lora: LoRASettings = LoRASettings()
 
 

@@ -29,13 +29,15 @@ the tokenizer's) end a sequence too.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import inspect
 import json
+import multiprocessing.resource_tracker
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -496,8 +498,10 @@ def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
 
 
 def _export_dir(model: Any, tokenizer: Any, out: Path) -> Path:
-    """``model`` and ``tokenizer`` saved as a transformers directory vLLM can load (a model
-    loaded from GGUF refuses ``save_pretrained``: its weights go into one built from its config)."""
+    """``model`` and ``tokenizer`` saved as a transformers directory vLLM can load. A model
+    loaded from GGUF holds dequantised weights but keeps ``quantization_config: gguf``, which
+    vLLM refuses in a directory: it is dropped (some transformers versions refuse to save such
+    a model at all: its weights then go into one built from its config)."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     try:
@@ -506,6 +510,11 @@ def _export_dir(model: Any, tokenizer: Any, out: Path) -> Path:
         fresh = AutoModelForCausalLM.from_config(model.config)
         fresh.load_state_dict(model.state_dict())
         fresh.save_pretrained(out)
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
+        del config["quantization_config"]
+        config_file.write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(out)
     return out
 
@@ -547,12 +556,18 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer) if tokenizer is not None else set()
         cpu = not torch.cuda.is_available()
-        memory: dict[str, Any] = ({"kv_cache_memory_bytes": int(gen.vllm_cpu_kv_cache_gib * 2**30)} if cpu else
-                                  {"gpu_memory_utilization": gen.vllm_gpu_memory_utilization})
         # vLLM refuses a context past the model's own; a TokenPolicy never asks for more than this
         context = gen.max_prompt_tokens + gen.max_new_tokens
         with contextlib.suppress(OSError, ValueError, KeyError):
             context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
+        engine: dict[str, Any] = {"gpu_memory_utilization": gen.vllm_gpu_memory_utilization}
+        if cpu:
+            # No chunked prefill on CPU: when a prompt's prefill is split over engine steps, the
+            # worker rewinds the request's seeded generator with get_offset/set_offset, which a
+            # CPU torch.Generator lacks ("CPU Generator does not use offset": the engine dies).
+            # Whole prompts only, so a step's token budget must hold the longest one.
+            engine = {"kv_cache_memory_bytes": int(gen.vllm_cpu_kv_cache_gib * 2**30),
+                      "enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, context)}
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self.llm = vllm.LLM(
             model=str(path),
@@ -563,16 +578,19 @@ class VLLMBackend:
             enable_prefix_caching=True,
             enforce_eager=gen.vllm_enforce_eager,
             worker_extension_cls="progress_sql.inference.vllm_worker.VLLMWeightLoader",
-            **memory,
+            **engine,
         )
-        # The engine's processes (engine core, workers): watched while waiting on the engine.
-        self.engine_processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        # The engine's processes (engine core, workers): watched while waiting on the engine and
+        # stopped by close(). Not multiprocessing's resource tracker, which the first spawn starts
+        # too: it serves this whole process and ends with it.
+        tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+        self.engine_processes = [p for p in psutil.Process().children(recursive=True)
+                                 if p.pid not in before and p.pid != tracker]
         if self.tokenizer is None:
             self.tokenizer = self.llm.get_tokenizer()
             self.eos_ids = eos_token_ids(None, self.tokenizer)
         shm = Path("/dev/shm")
         self._weights_dir = Path(tempfile.mkdtemp(prefix="progress-sql-vllm-", dir=shm if shm.is_dir() else None))
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-call")
         self._dead: str | None = None
 
     # -- waiting on the engine, never forever
@@ -586,30 +604,72 @@ class VLLMBackend:
                 return f"the vLLM engine process {proc.pid} exited"
         return None
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The engine's ``method(*args, **kwargs)`` (``vllm.LLM``'s) in a daemon thread, watched from here.
+        Daemon, not a thread pool's worker: after an engine death the call may never return
+        (vLLM leaves it waiting on its output queue), and Python joins pool workers at exit."""
         if self._dead is not None:
             raise VLLMEngineDied(self._dead)
-        future = self._pool.submit(fn, *args, **kwargs)
-        deadline = time.monotonic() + self.generation.vllm_timeout_s
-        while True:
+        if self.llm is None:
+            raise RuntimeError("this VLLMBackend is closed")
+        fn, done, result = getattr(self.llm, method), threading.Event(), {}
+
+        def run() -> None:
             try:
-                return future.result(timeout=0.25)
-            except concurrent.futures.TimeoutError:
-                pass
-            except Exception as err:
-                reason = self._exited()
-                if reason is not None or "EngineDead" in type(err).__name__:
-                    self._dead = f"{what}: {reason or 'the vLLM engine died'} ({type(err).__name__}: {err})"
-                    raise VLLMEngineDied(self._dead) from err
-                raise
+                result["value"] = fn(*args, **kwargs)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+                result["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"vllm-{what}", daemon=True).start()
+        deadline = time.monotonic() + self.generation.vllm_timeout_s
+        while not done.wait(0.25):
             reason = self._exited()
             if reason is not None:
-                self._dead = f"{what}: {reason} (killed, or out of memory?); the run cannot go on"
-                raise VLLMEngineDied(self._dead)
+                self._die(f"{what}: {reason} (killed, or out of memory?); the run cannot go on")
             if time.monotonic() > deadline:
-                self._dead = f"{what}: no answer from the vLLM engine in {self.generation.vllm_timeout_s:.0f} s " \
-                             "(generation.vllm_timeout_s)"
-                raise VLLMEngineDied(self._dead)
+                self._die(f"{what}: no answer from the vLLM engine in {self.generation.vllm_timeout_s:.0f} s "
+                          "(generation.vllm_timeout_s)")
+        err = result.get("error")
+        if err is None:
+            return result["value"]
+        reason = self._exited()
+        if reason is not None or "EngineDead" in type(err).__name__:
+            self._die(f"{what}: {reason or 'the vLLM engine died'} ({type(err).__name__}: {err})", err)
+        raise err
+
+    def _die(self, reason: str, cause: BaseException | None = None) -> None:
+        """Stop what is left of the engine (a failing run leaves no process behind) and raise."""
+        self._dead = reason
+        self._stop_engine()
+        raise VLLMEngineDied(reason) from cause
+
+    def _stop_engine(self) -> None:
+        """Shut the engine client down, wake a call still waiting on it, end its processes."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = llm.llm_engine.engine_core
+            with contextlib.suppress(Exception):
+                core.shutdown()
+            # vLLM's shutdown stops the thread that fills the output queue but puts nothing in it:
+            # a generate call waiting there would wait forever (and keep the engine referenced).
+            outputs = getattr(core, "outputs_queue", None)
+            if isinstance(outputs, queue.Queue):
+                from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+                outputs.put_nowait(EngineDeadError())
+        import psutil  # noqa: PLC0415
+
+        alive = [p for p in self.engine_processes if p.is_running()]
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, left = psutil.wait_procs(alive, timeout=10)  # also reaps those that are our children
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(left, timeout=5)
 
     def generate(
         self,
@@ -639,7 +699,7 @@ class VLLMBackend:
             for s in seeds
         ]
         requests = [{"prompt_token_ids": p} for p in prompts]
-        outputs = self._call("generate", self.llm.generate, requests, sampling_params=params, use_tqdm=False)
+        outputs = self._call("generate", "generate", requests, sampling_params=params, use_tqdm=False)
         results = []
         for prompt, output in zip(prompts, outputs):
             samples = []
@@ -667,19 +727,14 @@ class VLLMBackend:
         path = self._weights_dir / "weights.safetensors"
         save_file(weights, str(path))
         try:
-            self._call("sync_weights", self.llm.collective_rpc, "progress_sql_load_weights", args=(str(path),))
-            self._call("sync_weights", self.llm.reset_prefix_cache)
+            self._call("sync_weights", "collective_rpc", "progress_sql_load_weights", args=(str(path),))
+            self._call("sync_weights", "reset_prefix_cache")
         finally:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop the engine (its processes end) and drop its files."""
-        llm = getattr(self, "llm", None)
-        if llm is not None and self._dead is None:
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-        self.llm = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the engine (its processes end, a dead engine's too) and drop its files."""
+        self._stop_engine()
         shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._tmp.cleanup()
 

@@ -1,11 +1,11 @@
 """Code that runs inside vLLM's engine processes: the weight loader the trainer calls.
 
 vLLM imports this module in each worker (``worker_extension_cls``) before it loads the model.
-On CPU, vLLM repacks every linear layer's weight into a kernel-private buffer captured by a
-closure (oneDNN / SGL) and drops the weight tensor, so weights loaded later never reach the
-kernel. Here the CPU workers keep plain weights and use ``torch.nn.functional.linear``
-(vLLM's own fallback), so that ``load_weights`` after an RL update takes effect. GPU workers
-are left as they are.
+On CPU, vLLM repacks every linear layer's weight into a kernel-private buffer (oneDNN / SGL)
+captured by a closure, and drops the weight tensor, so weights loaded later never reach the
+kernel. Here the CPU workers keep each weight tensor beside its packed copy and remember the
+layer; after ``load_weights`` writes the new values into the kept tensors, the layers are
+repacked with vLLM's own dispatch. GPU workers are left as they are.
 """
 
 from __future__ import annotations
@@ -13,13 +13,18 @@ from __future__ import annotations
 import torch
 from vllm.platforms import current_platform
 
+_PACKED_LAYERS: list[torch.nn.Module] = []  # CPU: the layers whose weights vLLM packed, to repack after a load
+
 if current_platform.is_cpu():
     import vllm.model_executor.layers.utils as _layer_utils
 
-    def _plain_cpu_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
-        layer.cpu_linear = torch.nn.functional.linear  # weights stay in layer.weight, loadable
+    _vllm_dispatch = _layer_utils.dispatch_cpu_unquantized_gemm
 
-    _layer_utils.dispatch_cpu_unquantized_gemm = _plain_cpu_linear
+    def _dispatch_keeping_weights(layer: torch.nn.Module, remove_weight: bool) -> None:
+        _vllm_dispatch(layer, remove_weight=False)  # the weight stays loadable; memory: one more copy
+        _PACKED_LAYERS.append(layer)
+
+    _layer_utils.dispatch_cpu_unquantized_gemm = _dispatch_keeping_weights
 
 
 class VLLMWeightLoader:
@@ -32,4 +37,7 @@ class VLLMWeightLoader:
 
         weights = load_file(path)
         self.model_runner.get_model().load_weights(weights.items())  # type: ignore[attr-defined]
+        with torch.no_grad():
+            for layer in _PACKED_LAYERS:  # the packed copies still hold the old values
+                _vllm_dispatch(layer, remove_weight=False)
         return len(weights)

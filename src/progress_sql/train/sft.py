@@ -19,6 +19,7 @@ exactly; only the assistant's content and its end-of-turn token carry loss, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -307,6 +308,19 @@ def schedule_factor(progress: float, warmup_ratio: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - warmup_ratio) / span)))
 
 
+def training_autocast(mode: str, device: torch.device, weights: torch.dtype) -> contextlib.AbstractContextManager:
+    """The precision of the training forward pass (``sft.autocast``): ``bf16`` autocast always;
+    ``auto`` only for fp32 weights on a CPU with bf16 matrix instructions (AVX512-BF16 or AMX),
+    where the tiny policy's steps run ~1.4x faster (bench/bench_sft_precision.py); ``off``
+    never. Weights, gradients and the optimiser state keep their own dtype."""
+    if mode == "auto":
+        cpu_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        mode = "bf16" if device.type == "cpu" and weights == torch.float32 and cpu_bf16 else "off"
+    if mode == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 def _with_lora(model: Any, settings: Settings) -> Any:
     from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only the LoRA path needs peft
 
@@ -373,6 +387,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     copy_max_len = settings.model.copy_warmup.max_len  # strings as long as the warmup's
     total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
     params = [p for p in model.parameters() if p.requires_grad]
+    autocast = training_autocast(sft.autocast, model.device, params[0].dtype)
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
     lengths = [len(ids) for ids, _ in encoded]
     losses: list[float] = []  # the SFT loss alone
@@ -388,15 +403,16 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
             done = max((step + 0.5) / total, min(spent, 1.0))  # the middle of this step
             for group in optimizer.param_groups:
                 group["lr"] = sft.lr * schedule_factor(done, sft.warmup_ratio)
-            loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
-            total_loss = loss
-            if sft.copy_rows:
-                # A token no SFT target holds (a piece of an unseen database's name) only ever has
-                # its logit pushed down, until the policy cannot write it even when the schema
-                # does; the copy strings keep every token's output and the copy head alive.
-                copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows, copy_max_len, copy_rng)
-                total_loss = loss + copy_term
-                copy_losses.append(float(copy_term.detach()))
+            with autocast:
+                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
+                total_loss = loss
+                if sft.copy_rows:
+                    # A token no SFT target holds (a piece of an unseen database's name) only ever has
+                    # its logit pushed down, until the policy cannot write it even when the schema
+                    # does; the copy strings keep every token's output and the copy head alive.
+                    copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows, copy_max_len, copy_rng)
+                    total_loss = loss + copy_term
+                    copy_losses.append(float(copy_term.detach()))
             optimizer.zero_grad(set_to_none=True)
             total_loss.backward()
             torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)

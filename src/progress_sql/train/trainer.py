@@ -230,7 +230,20 @@ def run_rl(
     afresh (clearing earlier checkpoints, metrics and rollouts there); True continues from the
     newest checkpoint in ``out_dir`` (afresh when there is none); a path continues from that
     checkpoint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
+    The generation backend is closed however the run ends (a vLLM engine's processes stop).
     """
+    opened: list[Any] = []
+    try:
+        return _run_rl(settings, corpus_dir, out_dir, resume, progress, on_step, opened)
+    finally:
+        for backend in opened:
+            if hasattr(backend, "close"):
+                backend.close()
+
+
+def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | None, resume: bool | str | Path,
+            progress: bool, on_step: Callable[[int, dict[str, Any]], None] | None, opened: list[Any]) -> RLResult:
+    """``run_rl``'s loop; the backend it makes goes into ``opened``, for ``run_rl`` to close."""
     rl, gen = settings.rl, settings.generation
     out = Path(out_dir if out_dir is not None else rl.out_dir)
     layout = CorpusLayout(Path(corpus_dir))
@@ -270,6 +283,7 @@ def run_rl(
                                  grad_accum=grad_accum)
     policy_model = engine.module
     backend = make_backend(gen, policy_model, tokenizer, rl.init_from, seed=settings.seed)
+    opened.append(backend)
     chat = ChatModel(rl.init_from, backend, tokenizer, gen)
     pad_id = int(tokenizer.pad_token_id)
     main = rank() == 0
