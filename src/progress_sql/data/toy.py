@@ -65,8 +65,11 @@ def school_settings(init_from: Path | str = "") -> Settings:
 def half_right_sft(s: Settings, base: Path | str, steps: float = 80.0) -> Settings:
     """``s`` set up for the SFT of ``base`` on the four questions: ``steps`` steps of 4 at lr
     1e-2, no revision dialogues or copy rows. 80 steps give a policy whose temperature-1
-    rollouts are right about half of the time; fewer, one whose rollouts hold SQL, some wrong."""
+    rollouts are right about half of the time; fewer, one whose rollouts hold SQL, some wrong.
+    In fp32 (``sft.autocast: off``), so that the policy is the same on a CPU with bf16
+    instructions and one without."""
     s = s.model_copy(deep=True)
     s.sft.init_from, s.sft.revision_share, s.sft.epochs = str(base), 0.0, steps
     s.sft.lr, s.sft.batch_size, s.sft.warmup_ratio, s.sft.copy_rows = 1e-2, 4, 0.0, 0
+    s.sft.autocast = "off"
     return s
