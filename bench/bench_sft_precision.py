@@ -33,6 +33,7 @@ from progress_sql.inference import load_policy  # noqa: E402
 from progress_sql.train.sft import (  # noqa: E402
     _batches,
     build_sft_examples,
+    cpu_has_bf16,
     encode_conversation,
     load_train_examples,
     token_loss,
@@ -69,9 +70,8 @@ def main() -> int:
     optimizers = {m: torch.optim.AdamW(models[m].parameters(), lr=sft.lr) for m in modes}
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     losses: dict[str, list[float]] = {m: [] for m in modes}
-    cpu_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     print(f"{args.model}: {len(batches)} steps of {sft.batch_size} conversations, lr {sft.lr}, "
-          f"{args.threads} thread(s), CPU bf16 instructions: {cpu_bf16}")
+          f"{args.threads} thread(s), CPU bf16 instructions: {cpu_has_bf16()}")
     for step, batch in enumerate(batches):
         rows = [encoded[i] for i in batch]
         for mode in (list(modes) if step % 2 == 0 else list(modes)[::-1]):

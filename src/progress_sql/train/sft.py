@@ -308,14 +308,18 @@ def schedule_factor(progress: float, warmup_ratio: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - warmup_ratio) / span)))
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def training_autocast(mode: str, device: torch.device, weights: torch.dtype) -> contextlib.AbstractContextManager:
     """The precision of the training forward pass (``sft.autocast``): ``bf16`` autocast always;
     ``auto`` only for fp32 weights on a CPU with bf16 matrix instructions (AVX512-BF16 or AMX),
     where the tiny policy's steps run ~1.4x faster (bench/bench_sft_precision.py); ``off``
     never. Weights, gradients and the optimiser state keep their own dtype."""
     if mode == "auto":
-        cpu_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        mode = "bf16" if device.type == "cpu" and weights == torch.float32 and cpu_bf16 else "off"
+        mode = "bf16" if device.type == "cpu" and weights == torch.float32 and cpu_has_bf16() else "off"
     if mode == "off":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
