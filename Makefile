@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup test pipeline bench clean
+.PHONY: setup test pipeline bench clean gpu-wheels
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -71,3 +71,22 @@ clean:
 .PHONY: ui
 ui: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/progress-sql ui $(UI_ARGS)
+
+# Wheels for an offline GPU machine whose image has CUDA PyTorch, transformers and numpy (the
+# H200 image: Python 3.12, torch 2.11+cu130, transformers 5.17): what the project needs beyond
+# them, at constraints.txt's versions, for GPU_PYTHON on manylinux x86-64, into GPU_WHEELS;
+# DeepSpeed (an sdist only) is built here into a wheel without its C++/CUDA ops. Carry the folder
+# there and `bash bench/gpu_check.sh --wheels GPU_WHEELS`, or install it with bench/README.md's line.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= dist/gpu-wheels
+GPU_PLATFORMS := $(foreach n,2_17 2_27 2_28 2_31 2_34,--platform manylinux_$(n)_x86_64) \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+GPU_PACKAGES := pydantic pydantic_core annotated-types typing-inspection typing_extensions sqlglot sqlglotc hjson \
+  "gguf==0.19.0"
+gpu-wheels: setup
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+	  --implementation cp $(GPU_PLATFORMS) -c constraints.txt -d $(GPU_WHEELS) $(GPU_PACKAGES)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -c constraints.txt \
+	  -w $(GPU_WHEELS) deepspeed
+	ls -l $(GPU_WHEELS); du -sh $(GPU_WHEELS)

@@ -18,6 +18,15 @@ Prints per mode: median rollout seconds, trajectories/s, generated tokens/s, tok
 prefill forwards (padding included), decode forwards, and the median of the per-repeat
 speed-ups over ``before``; then how many episodes had identical token ids in all modes.
 
+``--reference generate`` measures the rollout against transformers' own ``generate``: each
+repeat runs the ``kept`` rollout (what ``run_rl`` does), then ``model.generate`` on the same
+round-1 prompts in the same batches (``generation.batch_size`` rows), with the same
+``max_new_tokens``, temperature, top-p, stop strings and eos tokens; a row's tokens count up to
+its stop; and ``generate`` again with every row sampled to ``max_new_tokens`` (full batches
+throughout: the stricter reference where a batch's rows finish at different times). Prints
+generated tokens/s of the whole rollout (environment included), of its time inside the
+backend's generate, and of both ``generate`` runs, and the ratios (goal: at least 1.0).
+
 ``--backends transformers,vllm`` compares generation backends instead, on the same model,
 questions, seeds, stop strings, max tokens and temperature: ``transformers`` is the ``kept``
 mode (what ``run_rl`` does), ``vllm`` is ``VLLMBackend``. The engine start is timed apart; one
@@ -31,7 +40,7 @@ unless set); vLLM's engine-core and front-end processes run beside that worker.
 
     python bench/bench_rollout.py [--model outputs/sft] [--corpus data/corpus]
         [--questions 4] [--repeats 3] [--threads 1] [--params params.yaml]
-        [--backends transformers,vllm] [--set generation.max_new_tokens=64]
+        [--backends transformers,vllm] [--reference generate] [--set generation.max_new_tokens=64]
 
 The model and corpus are the pipeline's (``dvc repro sft`` makes both); any causal LM
 directory with its tokenizer works, or a bundled model's name (``smollm2``).
@@ -62,7 +71,7 @@ from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
 from progress_sql.inference import backends as generation  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend, reusing_prefixes  # noqa: E402
-from progress_sql.inference.models import BUNDLED_MODELS, load_policy  # noqa: E402
+from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.train.trajectories import max_sequence_tokens  # noqa: E402
 from progress_sql.train.trainer import _env_factory, question_indices  # noqa: E402
@@ -110,21 +119,30 @@ class Bench:
         self.max_tokens = max_sequence_tokens(self.gen, self.turns)
         self.n_traj = args.questions * self.rl.group_size
 
+    def examples(self, repeat: int) -> list:
+        """Repeat ``repeat``'s questions, each G times (as ``run_rl`` draws a step's)."""
+        picked = question_indices(len(self.train), repeat * self.args.questions, self.args.questions, self.rl.seed)
+        return [self.train[i] for i in picked for _ in range(self.rl.group_size)]
+
     def rollout(self, backend, repeat: int, keep_prefixes: bool,
                 counter: "ForwardCounter | None" = None) -> tuple[float, list[list[int]], int]:
         """One training rollout of repeat ``repeat``'s questions and seed: (seconds, each
-        conversation's token ids, sampled tokens)."""
-        args, rl = self.args, self.rl
-        picked = question_indices(len(self.train), repeat * args.questions, args.questions, rl.seed)
-        examples = [self.train[i] for i in picked for _ in range(rl.group_size)]
+        conversation's token ids, sampled tokens); ``self.generate_s``: its time in generate."""
         policy = TokenPolicy(backend, self.tokenizer, self.gen, stop_strings(self.recipe.fmt),
                              max_tokens=self.max_tokens, seed=repeat)
         start = time.perf_counter()
         with torch.no_grad(), reusing_prefixes(backend, keep_prefixes), counter or contextlib.nullcontext():
-            episodes = envs.rollout(self.env_factory, policy, examples, self.layout.database)
+            episodes = envs.rollout(self.env_factory, policy, self.examples(repeat), self.layout.database)
         seconds = time.perf_counter() - start
+        self.generate_s = policy.generate_s
         convs = [ep.generations[-1].conversation for ep in episodes]
         return seconds, [c.input_ids for c in convs], sum(sum(c.loss_mask) for c in convs)
+
+    def round1_prompts(self, repeat: int) -> list[list[int]]:
+        """The token ids of repeat ``repeat``'s round-1 conversations (the rollout's first prompts)."""
+        env = self.env_factory()
+        return [chat_prompt_ids(self.tokenizer, env.reset(ex, Path(self.layout.database(ex.db_id))))
+                for ex in self.examples(repeat)]
 
     def header(self) -> str:
         gen = self.gen
@@ -181,6 +199,76 @@ def compare_modes(bench: Bench) -> None:
     print("\nspeed-up over before, per repeat: " + "; ".join(
         f"{m} " + ", ".join(f"{x:.2f}" for x in speedups[m]) for m in modes[1:]))
     print(f"episodes with identical token ids in all modes: {same}/{total}")
+
+
+def generate_reference(model, tokenizer, prompts: list[list[int]], *, batch_size: int, max_new_tokens: int,
+                       temperature: float, top_p: float, stop: list[str], full_length: bool = False
+                       ) -> tuple[float, int]:
+    """transformers' ``model.generate`` on ``prompts`` in batches of ``batch_size`` (left-padded),
+    sampling as the rollout does, stopping at ``stop`` and the eos tokens (``full_length``: every
+    row to ``max_new_tokens``): (seconds, generated tokens, each row's counted up to its stop)."""
+    eos = generation.eos_token_ids(model, tokenizer)
+    seconds, tokens = 0.0, 0
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(batch):
+            ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        ids, mask = ids.to(model.device), mask.to(model.device)
+        kwargs = ({"min_new_tokens": max_new_tokens} if full_length else
+                  {"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {})
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=temperature > 0,
+                                 temperature=temperature or None, top_p=top_p, top_k=0,
+                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=sorted(eos), **kwargs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        for row in out[:, width:].tolist():
+            if full_length:
+                tokens += len(row)
+                continue
+            end = next((i for i, t in enumerate(row) if t in eos), None)
+            hit = generation.stop_index(tokenizer, row[:end], stop) if stop else None
+            tokens += (hit + 1) if hit is not None else (end + 1 if end is not None else len(row))
+    return seconds, tokens
+
+
+def compare_generate(bench: Bench) -> None:
+    """The in-RL rollout (``kept``) against ``model.generate`` on its round-1 prompts."""
+    args, gen = bench.args, bench.gen
+    backend = TransformersBackend(bench.model, bench.tokenizer, gen.batch_size)
+    stop = list(stop_strings(bench.recipe.fmt))
+    print(bench.header() + f", batch_size {gen.batch_size}")
+    bench.rollout(backend, args.repeats, True)  # warm-up on other questions (and the stop table)
+    generate_reference(bench.model, bench.tokenizer, bench.round1_prompts(args.repeats), batch_size=gen.batch_size,
+                       max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p, stop=stop)
+    rows = []
+    for repeat in range(args.repeats):
+        seconds, _, sampled = bench.rollout(backend, repeat, True)
+        in_generate = bench.generate_s
+        prompts = bench.round1_prompts(repeat)
+        refs = [generate_reference(bench.model, bench.tokenizer, prompts, batch_size=gen.batch_size,
+                                   max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                                   stop=stop, full_length=full) for full in (False, True)]
+        rows.append((sampled / seconds, sampled / in_generate, *(tokens / s for s, tokens in refs)))
+        print(f"  repeat {repeat}: rollout {seconds:.1f} s ({in_generate:.1f} s in generate), {sampled} sampled tokens; "
+              f"generate {refs[0][0]:.1f} s, {refs[0][1]} tokens to the stops; full length {refs[1][0]:.1f} s, "
+              f"{refs[1][1]} tokens")
+    med = [statistics.median(r[k] for r in rows) for k in range(4)]
+    print("\n| | generated tokens/s (median) | / generate to the stops | / generate at full length |")
+    print("|---|---|---|---|")
+    for k, name in enumerate(("in-RL rollout, environment included", "in-RL rollout, time in generate",
+                              "model.generate, stopping as the rollout", "model.generate, full length")):
+        ratios = [f"{statistics.median(r[k] / r[j] for r in rows):.2f}x" for j in (2, 3)]
+        print(f"| {name} | {med[k]:.0f} | {ratios[0]} | {ratios[1]} |")
 
 
 def compare_backends(bench: Bench, names: list[str]) -> None:
@@ -272,6 +360,8 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reference", choices=("generate",), default=None,
+                        help="generate: the in-RL rollout against transformers' model.generate")
     parser.add_argument("--backends", default="transformers",
                         help="transformers: its before/grow/kept modes; a list with vllm, e.g. "
                              "transformers,vllm: the backends compared")
@@ -287,7 +377,9 @@ def main() -> int:
             return 0
     torch.set_num_threads(args.threads)
     bench = Bench(args)
-    if names == ["transformers"]:
+    if args.reference == "generate":
+        compare_generate(bench)
+    elif names == ["transformers"]:
         compare_modes(bench)
     else:
         compare_backends(bench, names)

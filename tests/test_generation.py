@@ -13,10 +13,13 @@ from progress_sql.inference.backends import (  # noqa: E402
     BackendUnavailable,
     GenerationBackend,
     Sample,
+    StopChecker,
     TransformersBackend,
     VLLMBackend,
+    _draw,
     _GrowingLayer,
     _top_p_filter,
+    _uniform_streams,
     completes_stop,
     make_backend,
     reusing_prefixes,
@@ -36,6 +39,9 @@ TEXTS = [
     "Feedback: your previous SQL has structural issues: WHERE_MISSING. Revise your previous answer.",
 ] * 20
 QUESTION = [{"role": "user", "content": "Which wards are there?"}]
+# The models generate where the code would (a GPU when there is one), in fp32: the exact
+# comparisons below hold on a GPU too (full fp32 matmuls; kernels differ by about 1e-6).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ANSWER = "<think>Tables: ward.</think>\n<sql>SELECT name FROM ward</sql>"
 
 
@@ -49,7 +55,7 @@ def _model(tokenizer, seed=0):
 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(tiny_config(settings_from_dict({"model": TINY}), tokenizer))
-    return model.eval()
+    return model.to(DEVICE).eval()
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +70,8 @@ def parrot(tokenizer):
     model = _model(tokenizer, seed=1)
     prompt = chat_prompt_ids(tokenizer, QUESTION)
     target = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + target])
-    labels = torch.tensor([[-100] * len(prompt) + target])
+    ids = torch.tensor([prompt + target], device=DEVICE)
+    labels = torch.tensor([[-100] * len(prompt) + target], device=DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(60):
@@ -105,7 +111,7 @@ def test_logprobs_equal_a_fresh_forward_pass_on_the_sampled_ids(model, tokenizer
     backend = TransformersBackend(model, tokenizer, batch_size=8)
     out = backend.generate(_prompts(tokenizer), n=2, temperature=1.3, top_p=0.9, max_new_tokens=10, seed=3)
     for s in (s for row in out for s in row):
-        ids = torch.tensor([s.prompt_ids + s.token_ids])
+        ids = torch.tensor([s.prompt_ids + s.token_ids], device=DEVICE)
         with torch.no_grad():
             logp = model(ids).logits[0].float().log_softmax(-1)
         start = len(s.prompt_ids) - 1
@@ -145,7 +151,7 @@ def test_greedy_is_deterministic_and_batched_equals_unbatched(model, tokenizer):
     for prompt, row in zip(prompts, batched):  # greedy = argmax of the model at each step
         s = row[0]
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + s.token_ids])).logits[0]
+            logits = model(torch.tensor([prompt + s.token_ids], device=DEVICE)).logits[0]
         assert logits[len(prompt) - 1:-1].argmax(-1).tolist() == s.token_ids
 
 
@@ -161,6 +167,25 @@ def test_tiny_top_p_is_greedy_and_the_nucleus_keeps_the_head():
     assert _top_p_filter(probs, 0.6).tolist() == [[0.0, 0.5, 0.25, 0.0]]
     assert _top_p_filter(probs, 1e-9).tolist() == [[0.0, 0.5, 0.0, 0.0]]
     assert torch.equal(_top_p_filter(probs, 1.0), probs)
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_filtered_token():
+    """Inverse-CDF sampling from each row's uniforms: frequencies match the temperature-scaled
+    softmax; a token outside the nucleus is never drawn; the log-probability is the raw one."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(20000, 1)
+    uniforms = _uniform_streams(range(20000), 1, "cpu")[:, 0]
+    chosen, logp = _draw(logits, 1.0, 1.0, uniforms)
+    want = torch.softmax(logits[0], -1)
+    freq = torch.bincount(chosen, minlength=5).double() / len(chosen)
+    assert (freq - want).abs().max() < 0.01
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1))
+    hot, _ = _draw(logits, 0.5, 1.0, uniforms)  # temperature 0.5: the softmax of 2 × logits
+    assert (torch.bincount(hot, minlength=5).double() / len(hot) - torch.softmax(2 * logits[0], -1)).abs().max() < 0.01
+    nucleus, _ = _draw(logits, 1.0, 0.7, uniforms)  # top-p 0.7 keeps the two most likely tokens
+    assert set(nucleus.tolist()) == {0, 1}
+    assert torch.equal(_draw(logits[:3], 0.0, 1.0, None)[0], torch.zeros(3, dtype=torch.long))
+    # a row's stream depends on its seed alone
+    assert torch.equal(_uniform_streams([7, 8], 5, "cpu")[1], _uniform_streams([8], 5, "cpu")[0])
 
 
 def test_tiny_top_p_sampling_equals_greedy(model, tokenizer):
@@ -193,6 +218,30 @@ def test_stop_index_finds_the_token_completing_a_stop_string(tokenizer):
     i = stop_index(tokenizer, ids, ["ECT na"])
     assert "ECT na" in tokenizer.decode(ids[: i + 1]) and "ECT na" not in tokenizer.decode(ids[:i])
     assert completes_stop(tokenizer, ids[: i + 1], ["ECT na"]) and not completes_stop(tokenizer, ids[:i], ["ECT na"])
+
+
+def _first_stop(check, ids):
+    return next((i for i in range(1, len(ids) + 1) if check(ids[:i])), None)
+
+
+def test_stop_checker_decides_as_decoding_after_every_token(tokenizer):
+    """The checker decodes only after a token that can complete a stop string, and finds the
+    same first completing token as ``completes_stop`` after every token, in random and real text."""
+    import random
+
+    rng = random.Random(0)
+    texts = [tokenizer.encode(t, add_special_tokens=False) for t in TEXTS[:4]]
+    sequences = texts + [[rng.randrange(len(tokenizer)) for _ in range(60)] for _ in range(40)]
+    for stop in (["</sql>"], ["</think>", "ECT na"], ["name FR", "été"]):
+        checker = StopChecker(tokenizer, stop)
+        assert (checker.candidates is None) == any(not s[-1].isascii() for s in stop)
+        found = [_first_stop(checker.completes, ids) for ids in sequences]
+        assert found == [_first_stop(lambda p: completes_stop(tokenizer, p, stop), ids) for ids in sequences]
+        assert any(i is not None for i in found)
+    checker = StopChecker(tokenizer, ["</sql>"])
+    assert tokenizer.convert_tokens_to_ids("</sql>") in checker.candidates
+    assert len(checker.candidates) < len(tokenizer) // 4  # most tokens never pay for a decode
+    assert not StopChecker(tokenizer, []).completes(texts[0])
 
 
 def test_stop_strings_truncate_generation_after_the_completing_token(parrot, tokenizer):

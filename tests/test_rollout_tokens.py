@@ -180,7 +180,7 @@ def tiny_model(tokenizer):
     torch.manual_seed(0)
     from transformers import Qwen2ForCausalLM
 
-    return Qwen2ForCausalLM(tiny_config(s, tokenizer)).eval()
+    return Qwen2ForCausalLM(tiny_config(s, tokenizer)).to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 def test_real_sampler_records_are_exact_and_seeded(tokenizer, tiny_model, settings, school_db):

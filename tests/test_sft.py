@@ -208,7 +208,7 @@ def test_encode_conversation_rejects_bad_targets_and_unstable_templates(conversa
 
 # ----------------------------------------------------------------------------- training
 def test_shared_prefix_loss_equals_the_plain_padded_loss_and_gradients(workdir, conversations, tokenizer):
-    model, _ = load_policy(workdir / "base")
+    model, _ = load_policy(workdir / "base", dtype="float32")  # the arithmetic, not a precision, is checked
     model.train()
     db = conversations[0].db_id
     same_db = [c for c in conversations if c.db_id == db]
@@ -303,12 +303,13 @@ def test_copy_rows_add_the_copy_loss_on_fresh_strings_to_each_step(workdir, tmp_
     assert runs[0].copy_losses == [] and runs[0].final_copy_loss is None
     assert len(runs[6].copy_losses) == runs[6].steps == 1
     assert runs[6].losses[0] == pytest.approx(runs[0].losses[0], rel=1e-5)  # the SFT term alone
-    model, tokenizer = load_policy(workdir / "base")
+    model, tokenizer = load_policy(workdir / "base", dtype="float32")  # the weights SFT trains
     ids, attention, labels = copy_rows(ordinary_ids(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, 6,
                                        settings.model.copy_warmup.max_len, random.Random("0:sft-copy"))
     model.train()  # as in the SFT loop (no dropout in the tiny model either way)
-    with torch.no_grad():
-        expected = float(model(input_ids=ids, attention_mask=attention, labels=labels).loss)
+    with torch.no_grad(), training_autocast(settings.sft.autocast, model.device, torch.float32):
+        expected = float(model(input_ids=ids.to(model.device), attention_mask=attention.to(model.device),
+                               labels=labels.to(model.device)).loss)
     assert runs[6].copy_losses[0] == pytest.approx(expected, rel=1e-4)
     assert runs[6].final_copy_loss == pytest.approx(expected, rel=1e-4)
 

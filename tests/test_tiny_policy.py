@@ -150,7 +150,7 @@ def test_build_is_deterministic_and_llama_works(corpus, tiny_dir, tmp_path):
     b = AutoModelForCausalLM.from_pretrained(again).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     llama = build_tiny_model(corpus, settings_from_dict({"seed": 1, "model": {**TINY, "arch": "llama"}}), tmp_path / "llama")
-    model, tok = load_policy(llama)
+    model, tok = load_policy(llama, device="cpu")
     assert model.config.model_type == "llama" and tok.padding_side == "left"
     c = model.state_dict()
     assert not torch.equal(c["model.embed_tokens.weight"], a["model.embed_tokens.weight"])  # seed 1 ≠ seed 0
@@ -215,7 +215,9 @@ def test_build_tiny_model_defaults_to_the_settings_base_dir(corpus, tmp_path):
 def test_load_policy_prepares_for_generation(policy):
     model, tok = policy
     assert tok.padding_side == "left" and tok.pad_token_id is not None
-    assert not model.training and model.device.type == "cpu" and model.dtype == torch.float32
+    gpu = torch.cuda.is_available()  # the default device; bf16 where the GPU has it (dtype auto)
+    assert not model.training and model.device.type == ("cuda" if gpu else "cpu")
+    assert model.dtype == (torch.bfloat16 if gpu and torch.cuda.is_bf16_supported() else torch.float32)
 
 
 def test_chat_prompt_ids_equals_apply_chat_template(policy, corpus):

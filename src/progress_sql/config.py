@@ -180,8 +180,9 @@ class SFTSettings(_Section):
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
     copy_rows: int = Field(0, ge=0)  # random copy strings added to each step's loss (model.copy_warmup); 0: none
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
-    # the forward pass: auto = bf16 autocast for fp32 weights on a CPU with bf16 instructions
-    # (AVX512-BF16 / AMX: ~1.4x faster steps), else the weights' dtype; bf16: always; off: never
+    # the forward pass: auto = bf16 autocast for fp32 weights on a bf16 GPU or a CPU with bf16
+    # instructions (AVX512-BF16 / AMX: ~1.4x faster steps), else the weights' dtype; bf16: always;
+    # off: never. SFT trains fp32 weights unless model.dtype names another.
     autocast: Literal["auto", "bf16", "off"] = "auto"
     lora: LoRASettings = LoRASettings()
 
@@ -212,6 +213,9 @@ class RLSettings(_Section):
     lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)  # AdamW
     micro_batch_size: int = Field(8, ge=1)  # sequences per forward/backward
+    # > 0: a micro-batch holds as many sequences (sorted by length) as fit in this many padded
+    # tokens, at least one; micro_batch_size is then not used. 0: micro_batch_size sequences.
+    micro_batch_tokens: int = Field(0, ge=0)
     updates_per_batch: int = Field(1, ge=1)  # optimisation passes over one batch of rollouts
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     clip_eps_high: float = Field(0.2, gt=0.0, lt=1.0)  # DAPO clip-higher: set above clip_eps (0.28)

@@ -12,8 +12,10 @@ Backends:
 
 - ``TransformersBackend``: batched, left-padded, KV-cached sampling loop written here (so that
   the logprobs are the raw ones and stop strings end each sequence exactly): a prompt's n
-  samples share one prefill; finished sequences leave the batch; each sequence has its own
-  random generator, so a seeded call gives the same samples whatever the batch composition.
+  samples share one prefill; finished sequences leave the batch; each sequence draws from its
+  own seeded stream of uniforms (inverse-CDF sampling, all rows in one kernel), so a seeded
+  call gives the same samples whatever the batch composition. One device-to-host copy per
+  decoded position; a stop string is looked for only after a token that can complete it.
   Inside ``reusing_prefixes()`` it keeps each sample's KV cache and prefills only the new
   tokens of a later prompt that extends it: the next turn of a conversation (a multi-turn
   rollout would otherwise prefill the whole conversation again at every turn).
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -51,6 +54,7 @@ try:
 except ImportError:  # transformers before 4.56 (vLLM installs pin older ones): caches grow by concatenation
     DynamicLayer = None
 
+from progress_sql.inference.models import save_model_dir
 from progress_sql.inference.settings import GenerationSettings
 
 # prompt_too_long: the prompt was not generated from (``inference.policy``: empty sample)
@@ -156,6 +160,36 @@ def stop_index(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str]) ->
     return None
 
 
+class StopChecker:
+    """Whether a sequence has just completed a stop string, decoding only when it can have.
+
+    A token can complete a stop string only if its own text holds the string's last character.
+    For an ASCII character that is exact: it is one byte in UTF-8, so it lies in one token's
+    bytes (byte-level BPE) or is a byte-fallback token of its own (SentencePiece), and decoding
+    that token alone shows it. Those tokens (``candidates``) are found once per stop set; after
+    any other token the tail is not decoded. A non-ASCII last character: every token is checked.
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
+        self.candidates: frozenset[int] | None = frozenset()
+        lasts = {s[-1] for s in self.stop}
+        if lasts and all(c.isascii() for c in lasts):
+            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
+            self.candidates = frozenset(i for i, text in enumerate(texts) if any(c in text for c in lasts))
+        elif lasts:
+            self.candidates = None
+
+    def completes(self, token_ids: Sequence[int]) -> bool:
+        """``completes_stop(tokenizer, token_ids, stop)``, decoding only after a candidate token."""
+        if not self.stop or not token_ids:
+            return False
+        if self.candidates is not None and token_ids[-1] not in self.candidates:
+            return False
+        return completes_stop(self.tokenizer, token_ids, self.stop)
+
+
 def _checked_request(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
                      max_new_tokens: int) -> list[list[int]]:
     """The prompts as lists of ints, after the checks every backend's ``generate`` makes."""
@@ -185,6 +219,31 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def _uniform_streams(seeds: Sequence[int], length: int, device: Any) -> torch.Tensor:
+    """``[len(seeds), length]`` uniforms in [0, 1), row r from its own seed: a sample's draws do
+    not depend on which rows share its batch, nor on the device."""
+    rows = [np.random.default_rng(int(s)).random(length) for s in seeds]
+    return torch.from_numpy(np.stack(rows)).to(device)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token and its raw log-probability (temperature 1, no top-p). Greedy at
+    temperature 0; otherwise the token where the row's uniform falls in the cumulative
+    temperature-scaled, nucleus-filtered distribution (inverse-CDF sampling: one uniform a row,
+    every row in one kernel; float64 sums, so a zero-probability token is never chosen)."""
+    if temperature == 0:
+        chosen = logits.argmax(dim=-1)
+    else:
+        probs = _top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)
+        cdf = probs.to(torch.float64).cumsum(dim=-1)
+        assert uniforms is not None
+        target = (uniforms * cdf[:, -1]).unsqueeze(-1)
+        chosen = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    logp = logits.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return chosen, logp
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -275,6 +334,7 @@ class TransformersBackend:
         self._cache_kwarg = cache_kwarg(model)
         # reusing_prefixes(): ids a sample's forward passes covered -> per-layer (keys, values)
         self._prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._stoppers: dict[tuple[str, ...], StopChecker] = {}  # one per stop set (its candidates cost a pass)
 
     @contextlib.contextmanager
     def reusing_prefixes(self) -> Iterator[None]:
@@ -393,44 +453,60 @@ class TransformersBackend:
         attention = attention[expand]
         logits = out.logits[expand, -1, :].float()
         prompt_of_row = [prompts[r] for r in expand.tolist()]
+        # the cache columns of a row's prompt: its kept part, then its new tokens (decoded ones follow)
+        prompt_spans = [((c_width - cached[r], c_width), (c_width + n_width - (len(prompts[r]) - cached[r]),
+                                                           c_width + n_width)) for r in expand.tolist()]
 
         total = len(seeds)
-        generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        uniforms = _uniform_streams(seeds, max_new_tokens, device) if temperature > 0 else None
+        stopper = self._stop_checker(stop)
+        # The mask of every position a row can reach (later columns are all ones: a view per step).
+        width = attention.shape[1]
+        attention = torch.cat([attention, attention.new_ones((total, max_new_tokens))], dim=1)
+        positions = attention[:, :width].sum(-1)  # the position of each row's next token
         tokens: list[list[int]] = [[] for _ in range(total)]
         logps: list[list[float]] = [[] for _ in range(total)]
         finish: list[FinishReason | None] = [None] * total
-        live = list(range(total))  # row in the current batch -> sample index
+        rows = list(range(total))  # batch row -> sample index
+        row_index = torch.arange(total, device=device)
+        finished_in_batch = 0
         for step in range(max_new_tokens):
-            logp = torch.log_softmax(logits, dim=-1)
-            chosen = self._choose(logits, temperature, top_p, [generators[s] for s in live])
-            chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1).tolist()
-            keep: list[int] = []
-            for row, s in enumerate(live):
-                token = int(chosen[row])
+            chosen, chosen_logp = _draw(logits, temperature, top_p,
+                                        None if uniforms is None else uniforms[row_index, step])
+            # one device-to-host copy a position (ids below 2**53 are exact in float64)
+            host_ids, host_logp = torch.stack((chosen.to(torch.float64), chosen_logp.to(torch.float64))).tolist()
+            for row, s in enumerate(rows):
+                if finish[s] is not None:
+                    continue
+                token = int(host_ids[row])
                 tokens[s].append(token)
-                logps[s].append(float(chosen_logp[row]))
+                logps[s].append(host_logp[row])
                 if token in self.eos_ids:
                     finish[s] = "eos"
-                elif completes_stop(self.tokenizer, tokens[s], stop):
+                elif stopper.completes(tokens[s]):
                     finish[s] = "stop"
                 elif step == max_new_tokens - 1:
                     finish[s] = "length"
                 else:
-                    keep.append(row)
                     continue
+                finished_in_batch += 1
                 if self._prefixes is not None:  # the cache holds everything but the last token
-                    self._keep_prefix(prompt_of_row[s] + tokens[s][:-1], cache, row, attention[row])
-            if not keep:
+                    (a, b), (c, d) = prompt_spans[s]
+                    self._keep_prefix(prompt_of_row[s] + tokens[s][:-1], cache, row, width, (a, b), (c, d + step))
+            if finished_in_batch == len(rows):
                 break
-            if len(keep) < len(live):  # finished sequences leave the batch
+            # Finished rows leave the batch once they are an eighth of it: each leave copies the
+            # whole cache, each row left in costs a row of every forward until then.
+            if finished_in_batch * 8 >= len(rows):
+                keep = [row for row, s in enumerate(rows) if finish[s] is None]
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
-                attention, chosen = attention[index], chosen[index]
-                live = [live[r] for r in keep]
-            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=-1)
-            positions = attention.sum(-1, keepdim=True) - 1
-            out = model(input_ids=chosen[:, None], attention_mask=attention, position_ids=positions,
+                attention, positions, chosen, row_index = attention[index], positions[index], chosen[index], row_index[index]
+                rows, finished_in_batch = [rows[row] for row in keep], 0
+            width += 1
+            out = model(input_ids=chosen[:, None], attention_mask=attention[:, :width], position_ids=positions[:, None],
                         use_cache=True, **{self._cache_kwarg: cache})
+            positions = positions + 1
             logits = out.logits[:, -1, :].float()
 
         return [
@@ -444,20 +520,21 @@ class TransformersBackend:
             for s in range(total)
         ]
 
-    def _keep_prefix(self, ids: list[int], cache: DynamicCache, row: int, attention_row: torch.Tensor) -> None:
-        real = attention_row.bool()
-        kv = [(k[row][:, real], v[row][:, real]) for k, v in _cache_layers(cache)]
-        if all(k.shape[-2] == len(ids) for k, _ in kv):  # a sliding-window layer keeps fewer: not reusable
-            self._prefixes[tuple(ids)] = kv  # type: ignore[index]
+    def _stop_checker(self, stop: Sequence[str]) -> StopChecker:
+        key = tuple(stop)
+        if key not in self._stoppers:
+            self._stoppers[key] = StopChecker(self.tokenizer, key)
+        return self._stoppers[key]
 
-    @staticmethod
-    def _choose(logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator]) -> torch.Tensor:
-        """The next token of each row: argmax at temperature 0, else a draw from the
-        temperature-scaled, nucleus-filtered distribution with the row's own generator."""
-        if temperature == 0:
-            return logits.argmax(dim=-1)
-        probs = _top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)
-        return torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(generators)])
+    def _keep_prefix(self, ids: list[int], cache: DynamicCache, row: int, width: int,
+                     *spans: tuple[int, int]) -> None:
+        """Keep row ``row``'s cache of ``ids``: its columns ``spans`` (slices: no device sync)."""
+        layers = _cache_layers(cache)
+        if any(k.shape[-2] != width for k, _ in layers):  # a sliding-window layer keeps fewer: not reusable
+            return
+        kv = [tuple(torch.cat([t[row][:, a:b] for a, b in spans], dim=-2) for t in pair) for pair in layers]
+        assert kv[0][0].shape[-2] == len(ids)
+        self._prefixes[tuple(ids)] = kv  # type: ignore[index]
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -497,28 +574,6 @@ def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
             model.unmerge_adapter()
 
 
-def _export_dir(model: Any, tokenizer: Any, out: Path) -> Path:
-    """``model`` and ``tokenizer`` saved as a transformers directory vLLM can load. A model
-    loaded from GGUF holds dequantised weights but keeps ``quantization_config: gguf``, which
-    vLLM refuses in a directory: it is dropped (some transformers versions refuse to save such
-    a model at all: its weights then go into one built from its config)."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    try:
-        model.save_pretrained(out)
-    except Exception:  # noqa: BLE001 - e.g. a GGUF-loaded model; copy the weights instead
-        fresh = AutoModelForCausalLM.from_config(model.config)
-        fresh.load_state_dict(model.state_dict())
-        fresh.save_pretrained(out)
-    config_file = out / "config.json"
-    config = json.loads(config_file.read_text())
-    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
-        del config["quantization_config"]
-        config_file.write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(out)
-    return out
-
-
 class VLLMBackend:
     """vLLM generation from token-id prompts; the engine runs in its own processes (vLLM's
     default; on CPU the only supported way), this process sends it prompts and weights.
@@ -552,7 +607,7 @@ class VLLMBackend:
         if not (path / "config.json").is_file():  # a bundled model's name or a hub id: export the loaded model
             if model is None or tokenizer is None:
                 raise ValueError(f"vLLM loads a model directory; {model_path!r} is none (pass the loaded model)")
-            path = _export_dir(model, tokenizer, Path(self._tmp.name) / "model")
+            path = save_model_dir(model, tokenizer, Path(self._tmp.name) / "model")
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer) if tokenizer is not None else set()
         cpu = not torch.cuda.is_available()

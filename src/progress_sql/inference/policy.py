@@ -37,6 +37,7 @@ order, the order ``envs.rollout`` keeps.
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -171,6 +172,7 @@ class TokenPolicy:
         self.seed = int(seed)
         self.deltas = TemplateDeltas(tokenizer)
         self.calls = 0
+        self.generate_s = 0.0  # wall-clock spent in the backend's generate (the rest is the environment's)
         # conversations awaiting their next turn, by their messages up to the last assistant one
         self._waiting: dict[tuple, deque[ConversationTokens]] = defaultdict(deque)
 
@@ -219,10 +221,12 @@ class TokenPolicy:
                 for i in rows:
                     samples[i] = Sample(list(convs[i].input_ids), [], "", [], "length")
                 continue
+            started = time.perf_counter()
             outs = self.backend.generate(
                 [convs[i].input_ids for i in rows], n=1, temperature=self.gen.temperature,
                 top_p=self.gen.top_p, max_new_tokens=budget, stop=self.stop, seed=self.call_seed(call, budget),
             )
+            self.generate_s += time.perf_counter() - started
             for i, out in zip(rows, outs):
                 samples[i] = out[0]
         outputs = []

@@ -3,10 +3,15 @@ one small interface so the RL loop has a single code path.
 
     engine = make_engine(model, settings.rl, use_deepspeed=..., total_updates=..., grad_accum=...)
     out = engine(input_ids=..., attention_mask=...)      # forward (bf16 autocast for plain on GPU)
-    engine.backward(loss)                                 # loss already scaled to its batch share
-    stepped = engine.step()                               # optimizer + schedule at the boundary
+    engine.backward(loss, last=...)                       # loss already scaled to its batch share;
+    stepped = engine.step()                               # optimizer + schedule after the batch's last
     engine.save(path) / engine.load(path)                 # model, optimizer, scheduler
     with engine.gathered(): ...                           # full weights (ZeRO-3) for generation
+    engine.broadcast_flag(flag)                           # rank 0's decision, a tensor on engine.device
+    engine.close()                                        # the process group it opened is destroyed
+
+The caller says which micro-batch is a batch's last (``last``): micro-batches are cut by tokens
+(``rl.micro_batch_tokens``), so their number changes from step to step.
 
 DeepSpeed on CPU (CI): ``DS_ACCELERATOR=cpu``, one process with RANK/WORLD_SIZE/MASTER_* set
 here, gloo. A single CPU process has no peer to share memory with, so DeepSpeed's
@@ -115,18 +120,23 @@ def lr_lambda(rl: RLSettings, total_updates: int) -> Callable[[int], float]:
 
 # ----------------------------------------------------------------------------- engines
 class TorchEngine:
-    """Plain torch: AdamW, gradient accumulation over ``grad_accum`` micro-batches, clipping."""
+    """Plain torch: AdamW, gradient accumulation until the batch's last micro-batch, clipping."""
 
     kind = "torch"
     zero_stage = 0
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float, grad_accum: int,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float,
                  autocast_dtype: torch.dtype | None = None) -> None:
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.grad_clip, self.grad_accum, self.autocast_dtype = grad_clip, grad_accum, autocast_dtype
+        self.grad_clip, self.autocast_dtype = grad_clip, autocast_dtype
         self.micro_steps = 0
         self.grad_norm = 0.0
+        self._last = False
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
 
     def __call__(self, **inputs: Any) -> Any:
         if self.autocast_dtype is None:
@@ -134,13 +144,14 @@ class TorchEngine:
         with torch.autocast(self.module.device.type, dtype=self.autocast_dtype):
             return self.module(**inputs)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         loss.backward()
+        self._last = last
 
     def step(self) -> bool:
-        """Count a micro-batch; at the accumulation boundary clip, step and schedule."""
+        """Count a micro-batch; after the batch's last one clip, step and schedule."""
         self.micro_steps += 1
-        if self.micro_steps % self.grad_accum:
+        if not self._last:
             return False
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
         self.optimizer.step()
@@ -172,22 +183,35 @@ class TorchEngine:
         self.module.save_pretrained(str(out_dir))
         tokenizer.save_pretrained(str(out_dir))
 
+    def broadcast_flag(self, flag: bool) -> bool:
+        return _broadcast_flag(flag, self.device)
+
+    def close(self) -> None:
+        """Nothing to release: a plain engine opens no process group."""
+
 
 class DeepSpeedEngine:
     """A ``deepspeed.initialize`` engine behind the TorchEngine interface."""
 
     kind = "deepspeed"
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, owns_group: bool) -> None:
         self.engine = engine
         self.module = engine.module
         self.zero_stage = int(engine.zero_optimization_stage())
         self.grad_norm = 0.0
+        self.owns_group = owns_group  # this engine initialised the process group: close() ends it
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.engine.device)
 
     def __call__(self, **inputs: Any) -> Any:
         return self.engine(**inputs)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        # The boundary is set before backward: ZeRO reduces gradients in its backward hooks there.
+        self.engine.set_gradient_accumulation_boundary(last)
         # The loss is already this micro-batch's share of the batch loss: no 1/GAS scaling.
         self.engine.backward(loss, scale_wrt_gas=False)
 
@@ -215,9 +239,29 @@ class DeepSpeedEngine:
         """Under ZeRO-3, the full parameters for the duration (generation, saving)."""
         if self.zero_stage < 3:
             return contextlib.nullcontext()
+        return self._zero3_gathered()
+
+    @contextlib.contextmanager
+    def _zero3_gathered(self) -> Iterator[None]:
         import deepspeed  # noqa: PLC0415
 
-        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+        offload = getattr(self.engine.optimizer, "parameter_offload", None)
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            if offload is None:
+                yield
+                return
+            # ZeRO-3's module hooks fetch and release each module's partition around every
+            # forward: with all of it gathered they only cost time, once per module and decoded
+            # token. Off while gathered, registered again after (which restarts their trace).
+            for param in self.module.parameters():
+                param.ds_active_sub_modules.clear()
+            for hook in offload.forward_hooks + offload.backward_hooks:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                offload._register_deepspeed_module(offload.module)
 
     def save_pretrained(self, out_dir: Path, tokenizer: Any) -> None:
         with self.gathered():  # ZeRO-3: the full weights are in place while this runs
@@ -225,8 +269,32 @@ class DeepSpeedEngine:
                 self.module.save_pretrained(str(out_dir))
                 tokenizer.save_pretrained(str(out_dir))
 
+    def broadcast_flag(self, flag: bool) -> bool:
+        return _broadcast_flag(flag, self.device)
+
+    def close(self) -> None:
+        """Release the engine (ZeRO-3's hooks on the module) and, when it opened the process
+        group, destroy that too: a later run in the same process starts from a clean slate."""
+        with contextlib.suppress(Exception):
+            self.engine.destroy()
+        if self.owns_group and torch.distributed.is_available() and torch.distributed.is_initialized():
+            import deepspeed.comm as dist  # noqa: PLC0415
+
+            dist.destroy_process_group()
+            self.owns_group = False
+
 
 Engine = TorchEngine | DeepSpeedEngine
+
+
+def _broadcast_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank; the tensor lives on ``device``, the engine's (NCCL takes
+    CUDA tensors only, gloo CPU ones). Without a process group, ``flag`` itself."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    torch.distributed.broadcast(t, src=0)
+    return bool(t.item())
 
 
 @contextlib.contextmanager
@@ -260,14 +328,21 @@ def make_engine(
     on_gpu = torch.cuda.is_available()
     bf16 = on_gpu and torch.cuda.is_bf16_supported()
     if not deepspeed:
-        return TorchEngine(model, optimizer, scheduler, rl.grad_clip, grad_accum,
-                           autocast_dtype=torch.bfloat16 if bf16 else None)
+        return TorchEngine(model, optimizer, scheduler, rl.grad_clip, autocast_dtype=torch.bfloat16 if bf16 else None)
     prepare_environment(True)
     import deepspeed as ds  # noqa: PLC0415 - heavy import, only for DeepSpeed runs
 
     config = deepspeed_config(rl, grad_accum=grad_accum, world=world_size(), bf16=bf16)
+    owns_group = not torch.distributed.is_initialized()
     with _no_shm_comm_op():
-        if not torch.distributed.is_initialized():
+        if owns_group:
             ds.init_distributed(dist_backend=None if on_gpu else "gloo")
-        engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
-    return DeepSpeedEngine(engine)
+        try:
+            engine, _, _, _ = ds.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+        except BaseException:
+            if owns_group and torch.distributed.is_initialized():
+                import deepspeed.comm as dist  # noqa: PLC0415
+
+                dist.destroy_process_group()
+            raise
+    return DeepSpeedEngine(engine, owns_group)

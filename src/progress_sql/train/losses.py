@@ -70,7 +70,7 @@ def group_advantages(
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     temperature: float = 1.0,
     loss_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:

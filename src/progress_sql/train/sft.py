@@ -315,11 +315,14 @@ def cpu_has_bf16() -> bool:
 
 def training_autocast(mode: str, device: torch.device, weights: torch.dtype) -> contextlib.AbstractContextManager:
     """The precision of the training forward pass (``sft.autocast``): ``bf16`` autocast always;
-    ``auto`` only for fp32 weights on a CPU with bf16 matrix instructions (AVX512-BF16 or AMX),
-    where the tiny policy's steps run ~1.4x faster (bench/bench_sft_precision.py); ``off``
-    never. Weights, gradients and the optimiser state keep their own dtype."""
+    ``auto`` for fp32 weights on a device with bf16 matrix units: a GPU that supports bf16, or a
+    CPU with AVX512-BF16 or AMX (the tiny policy's steps run ~1.4x faster there:
+    bench/bench_sft_precision.py); ``off`` never. Weights, gradients and the optimiser state
+    keep their own dtype."""
     if mode == "auto":
-        mode = "bf16" if device.type == "cpu" and weights == torch.float32 and cpu_has_bf16() else "off"
+        capable = (torch.cuda.is_bf16_supported() if device.type == "cuda" else
+                   device.type == "cpu" and cpu_has_bf16())
+        mode = "bf16" if weights == torch.float32 and capable else "off"
     if mode == "off":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -366,7 +369,10 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
     layout = CorpusLayout(Path(corpus_dir))
-    model, tokenizer = load_policy(sft.init_from, dtype=settings.model.dtype)
+    # fp32 weights to train (an AdamW step below bf16's resolution would be lost in bf16 ones);
+    # the forward pass runs in bf16 by autocast where the device has it (sft.autocast: auto)
+    dtype = "float32" if settings.model.dtype == "auto" else settings.model.dtype
+    model, tokenizer = load_policy(sft.init_from, dtype=dtype)
     examples = load_train_examples(corpus_dir, settings)
     # the output format RL will train (rl.recipe's): an SFT in other tags would teach the wrong ones
     conversations = build_sft_examples(examples, settings, database=layout.database,

@@ -16,7 +16,8 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
         old logp   ← the current policy's own (detached: one update per batch), or one no-grad
                      forward of the same micro-batches before the first update (several passes)
         for pass in 1..updates_per_batch:                                      model in train mode
-            for micro-batch (by length): loss share → backward → engine.step()   (updates at the batch's end)
+            for micro-batch (by length; rl.micro_batch_tokens or rl.micro_batch_size):
+                loss share → backward → engine.step()                    (updates after the last)
         metrics → metrics.jsonl, on_step, progress bar; checkpoint every checkpoint_every steps
     final policy → <out>/final (save_pretrained + tokenizer)
 
@@ -34,6 +35,7 @@ same function.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -113,6 +115,22 @@ def step_seed(seed: int, step: int, rank_: int = 0) -> int:
     return int(np.random.SeedSequence([seed, step, rank_]).generate_state(1)[0])
 
 
+def micro_batches(lengths: list[int], max_sequences: int, max_tokens: int) -> list[list[int]]:
+    """Indices of the micro-batches of one batch, sequences sorted by length (less padding).
+    ``max_tokens`` > 0: each holds as many as fit in that many padded tokens (rows × longest),
+    at least one; else ``max_sequences`` each. The loss is a sum over micro-batches, so how
+    the batch is cut does not change the gradient, only the memory and the speed."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if max_tokens <= 0:
+        return [order[i:i + max_sequences] for i in range(0, len(order), max_sequences)]
+    chunks: list[list[int]] = [[]]
+    for i in order:  # ascending lengths: the newest is the longest of its chunk
+        if chunks[-1] and (len(chunks[-1]) + 1) * lengths[i] > max_tokens:
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks
+
+
 def collate(
     trajs: list[TokenizedTrajectory], advantages: torch.Tensor, pad_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
@@ -133,6 +151,14 @@ def collate(
             "sampler_logp": sampler.to(device), "advantages": advantages.to(device)}
 
 
+def _causal_only(batch: dict[str, torch.Tensor]) -> None:
+    """The attention mask a forward over a ``collate`` batch needs: none. Rows are right-padded,
+    so under the causal mask no real token attends to a pad (pads only follow), positions count
+    from 0 as without padding, and pads are out of the loss; without a padding mask SDPA runs
+    its fused causal kernel (flash attention on a GPU) instead of a masked one."""
+    return None
+
+
 def micro_batch_loss(
     forward: Callable[..., Any],
     batch: dict[str, torch.Tensor],
@@ -146,7 +172,7 @@ def micro_batch_loss(
     max_tokens: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats."""
-    logp = token_logprobs(forward, batch["input_ids"], batch["attention_mask"], temperature, batch["loss_mask"])
+    logp = token_logprobs(forward, batch["input_ids"], _causal_only(batch), temperature, batch["loss_mask"])
     if old_logp is None:  # one update per batch: the weights have not moved since sampling
         old_logp = logp.detach()
     common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
@@ -197,15 +223,6 @@ def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayo
     return list(ids[0])
 
 
-def _all_ranks_agree(flag: bool) -> bool:
-    """Rank 0's decision, on every rank (the time budget must stop all ranks together)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
-    t = torch.tensor([int(flag)])
-    torch.distributed.broadcast(t, src=0)
-    return bool(t.item())
-
-
 def _write_jsonl(path: Path, rows: list[dict[str, Any]], mode: str = "a") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open(mode, encoding="utf-8") as fh:
@@ -230,20 +247,17 @@ def run_rl(
     afresh (clearing earlier checkpoints, metrics and rollouts there); True continues from the
     newest checkpoint in ``out_dir`` (afresh when there is none); a path continues from that
     checkpoint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
-    The generation backend is closed however the run ends (a vLLM engine's processes stop).
+    The generation backend and the engine are closed however the run ends: a vLLM engine's
+    processes stop, and a process group the run opened is destroyed.
     """
-    opened: list[Any] = []
-    try:
-        return _run_rl(settings, corpus_dir, out_dir, resume, progress, on_step, opened)
-    finally:
-        for backend in opened:
-            if hasattr(backend, "close"):
-                backend.close()
+    with contextlib.ExitStack() as resources:
+        return _run_rl(settings, corpus_dir, out_dir, resume, progress, on_step, resources)
 
 
 def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | None, resume: bool | str | Path,
-            progress: bool, on_step: Callable[[int, dict[str, Any]], None] | None, opened: list[Any]) -> RLResult:
-    """``run_rl``'s loop; the backend it makes goes into ``opened``, for ``run_rl`` to close."""
+            progress: bool, on_step: Callable[[int, dict[str, Any]], None] | None,
+            resources: contextlib.ExitStack) -> RLResult:
+    """``run_rl``'s loop; what it opens goes on ``resources``, which ``run_rl`` closes."""
     rl, gen = settings.rl, settings.generation
     out = Path(out_dir if out_dir is not None else rl.out_dir)
     layout = CorpusLayout(Path(corpus_dir))
@@ -281,9 +295,11 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
     grad_accum = math.ceil(n_seq / rl.micro_batch_size)
     engine: Engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
                                  grad_accum=grad_accum)
+    resources.callback(engine.close)
     policy_model = engine.module
     backend = make_backend(gen, policy_model, tokenizer, rl.init_from, seed=settings.seed)
-    opened.append(backend)
+    if hasattr(backend, "close"):
+        resources.callback(backend.close)
     chat = ChatModel(rl.init_from, backend, tokenizer, gen)
     pad_id = int(tokenizer.pad_token_id)
     main = rank() == 0
@@ -354,29 +370,27 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
                                scale_std=rl.algorithm != "dr_grpo", negative_scale=rl.negative_advantage_scale)
 
         # -- optimisation (train mode, dropout off)
+        t_update = time.monotonic()
         policy_model.train()
-        # Micro-batches of similar lengths pad less; the loss is a sum over micro-batches, so
-        # how the batch is cut does not change the gradient.
-        order = sorted(range(n_seq), key=lambda i: len(trajs[i].input_ids))
-        chunks = [order[i:i + rl.micro_batch_size] for i in range(0, n_seq, rl.micro_batch_size)]
-        batches = [collate([trajs[i] for i in c], adv[c], pad_id, torch.device(device)) for c in chunks]
-        num_tokens = float(sum(b["loss_mask"].sum() for b in batches))
+        chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens)
+        batches = [collate([trajs[i] for i in c], adv[c], pad_id, engine.device) for c in chunks]
+        num_tokens = float(sum(t.sampled_tokens for t in trajs))
         with torch.no_grad():
             # With one update per batch the loss's own forward gives the old log-probs (the
             # weights do not change before the step): no extra forward pass.
             old = ([None] * len(batches) if rl.updates_per_batch == 1 else
-                   [token_logprobs(engine, b["input_ids"], b["attention_mask"], gen.temperature, b["loss_mask"])
+                   [token_logprobs(engine, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
                     for b in batches])
-            refs = [token_logprobs(reference, b["input_ids"], b["attention_mask"], gen.temperature, b["loss_mask"])
+            refs = [token_logprobs(reference, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
                     if reference is not None else None for b in batches]
         stats_sum: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0}
         lr = engine.lr  # the rate of this step's (first) update
         sampler_gap = 0.0
         for update in range(rl.updates_per_batch):
-            for b, old_logp, ref_logp in zip(batches, old, refs):
+            for k, (b, old_logp, ref_logp) in enumerate(zip(batches, old, refs)):
                 loss, stats = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
                                                num_sequences=n_seq, num_tokens=num_tokens, max_tokens=budget_tokens)
-                engine.backward(loss)
+                engine.backward(loss, last=k == len(batches) - 1)
                 engine.step()
                 stats_sum["loss"] += float(loss.detach()) / rl.updates_per_batch
                 for key in ("clip_frac", "kl", "ratio"):
@@ -385,6 +399,7 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
                     sampler_gap += stats["sampler_gap"]
             with engine.gathered():
                 backend.sync_weights(policy_model)
+        update_s = time.monotonic() - t_update
 
         # -- metrics
         totals = np.array([t.reward for t in trajs])
@@ -412,6 +427,9 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
             "lr": lr,
             "tokens_per_s": float(sampled.sum() / max(rollout_s, 1e-9)),
             "rollout_s": rollout_s,
+            "generate_s": token_policy.generate_s,  # of rollout_s, in the backend's generate
+            "update_s": update_s,  # the optimisation passes and the weight sync
+            "micro_batches": len(batches),
         }
         if judge is not None:  # a judge that fails scores 0 and the step goes on: count both
             statuses = [str(r.info.get("judge", "")) for r in scored]
@@ -435,7 +453,8 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
                             loss=f"{metrics['loss']:.4f}")
 
         # -- stop on the time budget (after finishing the step), checkpoint
-        out_of_time = _all_ranks_agree(time.monotonic() - started > rl.max_minutes * 60)
+        # rank 0's decision on every rank: the time budget stops all ranks together
+        out_of_time = engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
         if out_of_time and step < rl.steps:
             stopped_by = "time"
         if step % rl.checkpoint_every == 0 or step == rl.steps or out_of_time:
