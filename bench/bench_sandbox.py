@@ -7,16 +7,24 @@ On a generated database (customers, products, orders: ~50k rows, in a temporary 
   ``SQLPool`` (worker processes) and, for comparison, through a thread pool of the same size;
   each the median of ``--repeats`` passes, with the ratios to the single-threaded figure;
 - the runaway queries (an endless recursive CTE, a five-way cartesian product) with a 1.0 s
-  limit: lateness = elapsed - limit, median and max of ``--runaway-repeats`` runs.
+  limit: lateness = elapsed - limit, median and max of ``--runaway-repeats`` runs;
+- a panel of queries that try to take memory or run inside one SQLite operation (a 900M-char
+  printf, a 450 MB random blob, a string doubled in a recursive CTE, a growing group_concat,
+  a sort of wide rows) with a ``--bomb-timeout`` limit: each alone in a fresh process through
+  ``execute_isolated`` (as rollouts judge policy SQL), then all through ``SQLPool`` in one: per
+  query the error kind, elapsed and peak memory (RSS, the caller's and its workers'); then the
+  worst overrun (elapsed - limit) and the largest peak.
 
-    python bench/bench_sandbox.py [--workers N] [--queries 300] [--repeats 3]
+    python bench/bench_sandbox.py [--workers N] [--queries 300] [--repeats 3] [--only-bombs]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
+import resource
 import sqlite3
 import statistics
 import tempfile
@@ -25,12 +33,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from progress_sql.config import default_settings
-from progress_sql.sql import SQLPool, execute
+from progress_sql.sql import SQLPool, execute, execute_isolated
 from progress_sql.sql.sandbox import clear_connection_cache
 
 RUNAWAYS = {
     "recursive CTE": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
     "5-way cartesian": "SELECT count(*) FROM products a, products b, products c, products d, products e",
+}
+BOMBS = {
+    "printf 900M chars": "SELECT length(printf('%.*c', 900000000, 'x'))",
+    "randomblob 450 MB": "SELECT length(hex(randomblob(450000000)))",
+    "doubling CTE": "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r) SELECT max(length(s)) FROM r",
+    "group_concat": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 50000000) "
+                    "SELECT length(group_concat(printf('%099d', i))) FROM r",
+    "sort wide rows": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 3000000) "
+                      "SELECT length(b) FROM (SELECT zeroblob(2000) || i AS b FROM r) ORDER BY b DESC LIMIT 1",
 }
 CITIES = ["Oslo", "Lima", "Pune", "Kyiv", "Perth", "Quito", "Accra", "Turin", "Osaka", "Cork"]
 
@@ -135,6 +152,79 @@ def throughput(db: Path, queries: list[str], workers: int, repeats: int) -> dict
     return {name: len(queries) / s for name, s in seconds.items()}
 
 
+def _peak_mb(who: int = resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024  # kB on Linux
+
+
+def _one_bomb(db: str, sql: str, timeout_s: float) -> tuple[str, float, float]:
+    """In a fresh process, as policy SQL runs (``execute_isolated``: a supervised worker):
+    (error kind, elapsed s, the larger peak RSS in MB of this process and its worker)."""
+    execute_isolated(db, "SELECT 1")  # the worker starts, as before a rollout's first verdict
+    start = time.monotonic()
+    result = execute_isolated(db, sql, timeout_s=timeout_s)
+    elapsed = time.monotonic() - start
+    return result.error or "ok", elapsed, max(_peak_mb(), _descendants_peak_mb())
+
+
+def _descendants_peak_mb() -> float:
+    """The largest peak RSS (VmHWM) among this process's descendants: the pool's workers are the
+    forkserver's children, out of reach of RUSAGE_CHILDREN."""
+    import psutil  # noqa: PLC0415
+
+    peaks = [0.0]
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        peaks += [int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:")]
+    return max(peaks)
+
+
+def _pooled_bombs(db: str, sqls: list[str], timeout_s: float, workers: int) -> tuple[list[tuple[str, float]], float]:
+    """In a fresh process: each query's (error kind, elapsed s) through SQLPool, and the workers' peak RSS."""
+    with SQLPool(workers=workers) as pool:
+        results = pool.map([(db, q) for q in sqls], timeout_s=timeout_s)
+        peak = _descendants_peak_mb()
+    return [(r.error or "ok", r.elapsed_s) for r in results], peak
+
+
+def _child(conn, fn, args) -> None:
+    conn.send(fn(*args))
+    conn.close()
+
+
+def _in_fresh_process(fn, *args):
+    """``fn(*args)`` in a new, non-daemonic process (a pool's workers need one): its peak is its own."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    proc = context.Process(target=_child, args=(send, fn, args))
+    proc.start()
+    out = receive.recv()
+    proc.join()
+    return out
+
+
+def bombs(db: Path, timeout_s: float, workers: int) -> None:
+    """The panel of BOMBS, alone and pooled: error kinds, elapsed, peak memory."""
+    cfg = default_settings().sandbox
+    print(f"queries that take memory or run inside one operation, limit {timeout_s:g} s "
+          f"(max_value_bytes {cfg.max_value_bytes:,}, max_memory_mb {cfg.max_memory_mb}, "
+          f"hard_stop_grace_s {cfg.hard_stop_grace_s:g}, worker_memory_mb {cfg.worker_memory_mb}):")
+    overruns, peaks = [], []
+    for name, sql in BOMBS.items():
+        kind, elapsed, peak = _in_fresh_process(_one_bomb, str(db), sql, timeout_s)
+        overruns.append(elapsed - timeout_s)
+        peaks.append(peak)
+        print(f"  alone   {name:<18} {kind:<14} {elapsed:6.2f} s   peak {peak:7.0f} MB")
+    rows, pool_peak = _in_fresh_process(_pooled_bombs, str(db), list(BOMBS.values()) * 2, timeout_s, workers)
+    for name, (kind, elapsed) in zip(list(BOMBS) * 2, rows):
+        overruns.append(elapsed - timeout_s)
+        print(f"  pooled  {name:<18} {kind:<14} {elapsed:6.2f} s")
+    print(f"  pooled: {workers} worker processes, each query twice; the workers' largest peak {pool_peak:.0f} MB")
+    print(f"worst overrun {max(overruns):+.2f} s; largest peak {max(peaks + [pool_peak]):.0f} MB")
+
+
 def main() -> None:
     cfg = default_settings().sandbox
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,7 +235,13 @@ def main() -> None:
     parser.add_argument("--runaway-repeats", type=int, default=5)
     parser.add_argument("--runaway-timeout", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bomb-timeout", type=float, default=2.0)
+    parser.add_argument("--only-bombs", action="store_true", help="only the panel of memory and one-operation queries")
     args = parser.parse_args()
+    if args.only_bombs:
+        with tempfile.TemporaryDirectory() as tmp:
+            bombs(build_database(Path(tmp), args.seed), args.bomb_timeout, args.workers)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         db = build_database(Path(tmp), args.seed)
@@ -185,6 +281,7 @@ def main() -> None:
                 if result.error != "timeout":
                     raise SystemExit(f"{name}: expected a timeout, got {result.error}: {result.message}")
             print(f"  {name:<18} median {statistics.median(late) * 1e3:6.1f} ms   max {max(late) * 1e3:6.1f} ms")
+        bombs(db, args.bomb_timeout, args.workers)
 
 
 if __name__ == "__main__":

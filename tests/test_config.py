@@ -69,6 +69,12 @@ def test_defaults_md_numbers_are_present():
         ({"rl": {"hardness": []}}, "rl.hardness must name at least one level"),
         ({"rl": {"hardness": ["easy", "easy"]}}, "rl.hardness must name at least one level, each once"),
         ({"odt": {"weights": {k: 0.0 for k in Settings().odt.weights.model_dump()}}}, "odt.weights"),
+        # a number must be finite (an infinite rate only fails steps later, as NaN), and a boolean is no number
+        ({"rl": {"lr": float("inf")}}, "rl.lr: Input should be a finite number"),
+        ({"rewards": {"progress": {"acc": float("inf")}}}, "rewards.progress.acc: Input should be a finite number"),
+        ({"sandbox": {"timeout_s": float("nan")}}, "sandbox.timeout_s: Input should be a finite number"),
+        ({"rl": {"steps": True}}, "rl.steps: Value error, expected a number, got true"),
+        ({"generation": {"temperature": False}}, "generation.temperature: Value error, expected a number"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, fragment):
@@ -82,6 +88,13 @@ def test_overrides_are_validated(tmp_path: Path):
     assert s.env.max_turns == 2 and s.rewards.progress.gamma == 0.25
     with pytest.raises(SettingsError, match="env.max_turns"):
         load_settings(PARAMS, overrides={"env.max_turns": 0})
+    from progress_sql.cli.common import parse_overrides  # what `--set KEY=VALUE` passes on
+
+    with pytest.raises(SettingsError, match="rl.lr: Input should be a finite number"):
+        load_settings(PARAMS, overrides=parse_overrides(["rl.lr=.inf"]))
+    with pytest.raises(SettingsError, match="rl.steps: Value error, expected a number, got true"):
+        load_settings(PARAMS, overrides=parse_overrides(["rl.steps=true"]))
+    assert load_settings(PARAMS, overrides=parse_overrides(["rl.save_rollouts=false"])).rl.save_rollouts is False
 
 
 @pytest.mark.parametrize(

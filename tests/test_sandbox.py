@@ -224,6 +224,75 @@ def test_runaway_queries_are_interrupted_on_time(numbers_db: Path, name: str) ->
     assert execute(numbers_db, "SELECT count(*) FROM n").rows == ((1001,),)
 
 
+# Queries that do their damage inside one SQLite operation, where the progress handler never
+# runs (issue 33's recipes): SQLite's length limit fails the ones that build a huge value at once,
+# the worker's hard stop ends the one that loops, the worker's memory cap the one that hoards rows.
+BOMBS = {
+    "randomblob": ("SELECT length(hex(randomblob(450000000)))", "too_big"),
+    "zeroblob": ("SELECT length(zeroblob(2000000000))", "too_big"),
+    "printf_width": ("SELECT length(printf('%900000000c', 'x'))", None),  # SQLite gives NULL: no error, no time
+    "doubling_cte": ("WITH RECURSIVE d(s, n) AS (SELECT 'x', 0 UNION ALL SELECT s || s, n + 1 FROM d WHERE n < 40) "
+                     "SELECT max(length(s)) FROM d", "too_big"),
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_value_bombs_fail_fast_on_the_length_limit(numbers_db: Path, name: str) -> None:
+    sql, kind = BOMBS[name]
+    started = time.monotonic()
+    result = execute(numbers_db, sql, timeout_s=2.0)
+    assert time.monotonic() - started < 1.0
+    assert result.error == kind, result
+    if kind == "too_big":
+        assert "sandbox.max_value_bytes" in result.message
+
+
+def test_one_operation_that_ignores_the_deadline_is_stopped_by_killing_its_worker(numbers_db: Path) -> None:
+    # SQLite 3.40's printf pads one character at a time inside one VM step: ~8 s, deaf to the
+    # progress handler. In the calling process it would run to the end; the worker is killed.
+    from progress_sql.sql.worker import Worker
+
+    settings = SandboxSettings(hard_stop_grace_s=0.3)
+    worker = Worker(settings)
+    try:
+        assert worker.run([(numbers_db, "SELECT 1")])[0].rows == ((1,),)  # started
+        pid = worker.pid
+        started = time.monotonic()
+        stopped, after = worker.run([(numbers_db, "SELECT length(printf('%.*c', 900000000, 'x'))"),
+                                     (numbers_db, "SELECT count(*) FROM n")], timeout_s=0.5)
+        elapsed = time.monotonic() - started
+        assert stopped.error == "timeout" and "worker was killed" in stopped.message, stopped
+        assert elapsed < 0.5 + 0.3 + 1.0  # deadline + grace + the restart
+        assert after.rows == ((1001,),) and worker.pid != pid and worker.stops == 1
+    finally:
+        worker.close()
+
+
+def test_the_workers_memory_cap_turns_a_hoarding_query_into_out_of_memory(numbers_db: Path) -> None:
+    from progress_sql.sql.worker import Worker
+
+    worker = Worker(SandboxSettings(worker_memory_mb=256))
+    try:  # 10,000 rows of 1 MB each would be 10 GB in the worker's hands
+        result, = worker.run([(numbers_db, "SELECT randomblob(1000000) FROM n a, n b")], timeout_s=20.0,
+                             max_rows=10_000)
+        assert result.error == "out_of_memory", result
+        assert worker.run([(numbers_db, "SELECT 1")])[0].rows == ((1,),)
+    finally:
+        worker.close()
+
+
+def test_execute_isolated_answers_like_execute_and_runs_in_another_process(school_db: Path) -> None:
+    from progress_sql.sql import execute_isolated
+    from progress_sql.sql.worker import shared_worker_pid
+
+    for sql in ("SELECT count(*) FROM student", "DROP TABLE student", "SELEC 1", "SELECT * FROM nowhere"):
+        here, there = execute(school_db, sql), execute_isolated(school_db, sql)
+        assert (there.rows, there.columns, there.error) == (here.rows, here.columns, here.error)
+    assert shared_worker_pid() not in (None, os.getpid())
+    inline = execute_isolated(school_db, "SELECT 1", settings=SandboxSettings(isolate=False))
+    assert inline.rows == ((1,),)
+
+
 # ----------------------------------------------------------------------------- connections
 def test_replaced_database_is_reopened(tmp_path: Path) -> None:
     path = tmp_path / "swap.sqlite"
@@ -324,13 +393,18 @@ def test_pool_uses_processes_and_survives_a_dead_worker(numbers_db: Path) -> Non
     with SQLPool(workers=2) as pool:
         assert pool.uses_processes
         pool.map([(numbers_db, "SELECT 1")] * 8)  # starts the workers
-        pids = list(pool._executor._processes)
+        pids = pool.pids
+        assert len(pids) == 2
         killer = threading.Timer(0.3, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
         killer.start()
         results = pool.map([(numbers_db, RUNAWAYS["cartesian_5"])] * 4, timeout_s=1.0)
         killer.join()
-        assert all(r.error == "runtime" and "worker process died" in r.message for r in results)
-        # The pool is rebuilt for the next call.
+        # The query each worker was running when it was killed says so; the rest of its chunk
+        # is re-sent to a new worker and meets its own deadline.
+        died = [r for r in results if r.error == "out_of_memory"]
+        assert len(died) == 2 and all("killed, most likely for memory" in r.message for r in died)
+        assert sorted(r.error for r in results) == ["out_of_memory"] * 2 + ["timeout"] * 2
+        assert not set(pool.pids) & set(pids)
         assert [r.rows for r in pool.map([(numbers_db, f"SELECT {i}") for i in range(6)])] == [((i,),) for i in range(6)]
 
 

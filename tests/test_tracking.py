@@ -212,3 +212,69 @@ def test_configured_store_does_not_stick(tmp_path, monkeypatch):
     assert tracking.tracking_uri(first) == user
     tracking.configure(first)
     assert tracking.tracking_uri(second) == user
+
+
+# ----------------------------------------------------------------------------- faults
+KILLED_SCRIPT = """
+import sys, time
+from progress_sql import tracking
+from progress_sql.config import settings_from_dict
+settings = settings_from_dict({"tracking": {"experiment": "killed"}, "data": {"out_dir": "nowhere"}})
+with tracking.pipeline_run(settings, "pipeline"):
+    with tracking.stage_run("train", settings):
+        print(tracking.active_run_id(), flush=True)
+        time.sleep(120)
+"""
+
+
+def test_runs_of_a_killed_process_are_marked_killed_by_the_next_run(store):
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        assert child.stdout.readline().strip()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # the store the child wrote to
+
+    def status() -> dict[str, str]:
+        experiment = client.get_experiment_by_name("killed")
+        return {r.info.run_name: r.info.status for r in client.search_runs([experiment.experiment_id])}
+
+    assert status() == {"pipeline": "RUNNING", "train": "RUNNING"}
+    settings = make_settings("killed")
+    with tracking.pipeline_run(settings, "alive"):  # a run of a living process is left alone
+        tracking.mlflow_runs._configured.clear()  # as in the next process
+        tracking.configure(settings)
+        assert status() == {"pipeline": "KILLED", "train": "KILLED", "alive": "RUNNING"}
+
+
+def test_a_copied_store_writes_its_artifacts_beside_itself(tmp_path, monkeypatch, no_active_run):
+    import shutil
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(tracking.PARENT_ENV, raising=False)
+    note = tmp_path / "note.txt"
+    note.write_text("hello", encoding="utf-8")
+
+    def run_once(root: Path) -> str:
+        settings = settings_from_dict({"tracking": {"experiment": "moved",
+                                                    "tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"},
+                                       "data": {"out_dir": "nowhere"}})
+        with tracking.pipeline_run(settings, "p") as run:
+            tracking.log_artifacts(note)
+            return run.info.run_id
+
+    first = run_once(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with pytest.warns(UserWarning, match="moved or copied"):
+        second = run_once(tmp_path / "b")
+    assert (tmp_path / "b" / "mlruns" / "artifacts" / second / "artifacts" / "note.txt").is_file()
+    assert not (tmp_path / "a" / "mlruns" / "artifacts" / second).exists()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'b' / 'mlruns' / 'mlflow.db'}")
+    assert client.get_run(first).info.artifact_uri.startswith((tmp_path / "b").resolve().as_uri())
+    assert client.download_artifacts(first, "note.txt", str(tmp_path)).endswith("note.txt")

@@ -7,10 +7,30 @@ recipe's weights beside its code, ``envs.settings``, ``inference.settings``);
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+
+def _number_type(annotation: Any) -> bool:
+    """Whether a field of this annotation holds an int or a float (alone or in a union)."""
+    if annotation in (int, float):
+        return True
+    return any(arg in (int, float) for arg in typing.get_args(annotation))
 
 
 class Section(BaseModel):
     # Every section forbids unknown keys and re-validates on assignment, so a typo or a bad
-    # override never passes silently.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # override never passes silently; numbers are finite (an infinite learning rate or weight
+    # only fails steps later, as NaN).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int; `rl.steps: true` is a mistake, not one step
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _number_type(field.annotation):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value

@@ -18,7 +18,7 @@ from progress_sql.envs.settings import EnvSettings
 from progress_sql.formats import FormatName, parse_output
 from progress_sql.inference.backends import Sample
 from progress_sql.inference.policy import ChatModel, Request
-from progress_sql.sql import execute
+from progress_sql.sql import execute_isolated
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.settings import SandboxSettings
 
@@ -65,5 +65,5 @@ def answer_on_database(model: ChatModel, db_path: str | os.PathLike, question: s
     schema = ddl_from_sqlite(db_path)
     sample = answer_questions(model, [(question, schema, evidence)], fmt, env, seed)[0]
     parsed = parse_output(sample.text, fmt)
-    result = execute(db_path, parsed.sql, settings=sandbox) if parsed.sql else None
+    result = execute_isolated(db_path, parsed.sql, settings=sandbox) if parsed.sql else None
     return AskAnswer(sample.text, parsed.sql, parsed.well_formed, result, sample.finish_reason)

@@ -29,7 +29,7 @@ from progress_sql import rewards
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.formats import parse_output
 from progress_sql.rewards.types import Judge, Recipe, Trajectory, Turn
-from progress_sql.sql import SQLPool, execute, gold_result
+from progress_sql.sql import SQLPool, execute_isolated, gold_result
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.verdict import comparison_sql, gold_comparison_result, gold_order_matters, same_answer
 
@@ -213,7 +213,7 @@ def _task_key(db_path: Any, gold_sql: Any) -> tuple[Any, Any]:
 def _execute_all(jobs: list[tuple[str, str]], pool: SQLPool | None, settings: Any) -> dict[tuple[str, str], ExecResult]:
     unique = list(dict.fromkeys(jobs))
     if pool is None:
-        return {job: execute(*job, settings=settings.sandbox) for job in unique}
+        return {job: execute_isolated(*job, settings=settings.sandbox) for job in unique}
     return dict(zip(unique, pool.map(unique, settings.sandbox.timeout_s, settings.sandbox.max_rows)))
 
 

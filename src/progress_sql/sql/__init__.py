@@ -8,6 +8,7 @@ from progress_sql.sql.pool import GoldCache, SQLPool, gold_result
 from progress_sql.sql.result import ERROR_KINDS, ExecResult
 from progress_sql.sql.sandbox import execute
 from progress_sql.sql.verdict import Semantics, Verdict, execution_match, test_suite_match, verdict
+from progress_sql.sql.worker import execute_isolated
 
 __all__ = [
     "ERROR_KINDS",
@@ -19,6 +20,7 @@ __all__ = [
     "Semantics",
     "Verdict",
     "execute",
+    "execute_isolated",
     "execution_match",
     "gold_result",
     "hardness",

@@ -1,33 +1,30 @@
 """Parallel execution of many queries, and an LRU cache of gold results.
 
-``SQLPool`` runs jobs in worker *processes*. Measured with ``bench/bench_sandbox.py`` (2
-workers, 2 shared cores, four runs): on varied ~1 ms queries processes reached 1.8-2.0x the
-single-thread rate and threads 1.4-1.8x; on ~20 µs point lookups processes 0.8-1.4x, threads
-0.3-0.45x. sqlite3 releases the GIL while SQLite steps, but the Python side of every query (the
-sqlglot check, row conversion, the progress handler) needs it, and with short queries
-threads spend their time handing the GIL back and forth. Workers start with ``forkserver`` (``spawn``
-where that is missing), never ``fork``, so a parent with threads (a trainer) is safe; each
-worker keeps its own cached read-only connections. Inside a daemonic process, which may not
-have children, the pool falls back to threads. A worker that dies (killed for memory) turns
-its jobs into ``runtime`` errors and the pool is rebuilt for the next call.
+``SQLPool`` runs jobs in supervised worker *processes* (``sql/worker.py``: a hard stop at the
+deadline and a memory cap per worker), fed in chunks by one thread per worker. Measured with
+``bench/bench_sandbox.py`` (2 workers, 2 shared cores, four runs): on varied ~1 ms queries
+processes reached 1.8-2.0x the single-thread rate and threads 1.4-1.8x; on ~20 µs point lookups
+processes 0.8-1.4x, threads 0.3-0.45x. sqlite3 releases the GIL while SQLite steps, but the
+Python side of every query (the sqlglot check, row conversion, the progress handler) needs it,
+and with short queries threads spend their time handing the GIL back and forth. Each worker
+keeps its own cached read-only connections. Inside a daemonic process, which may not have
+children, or with ``sandbox.isolate: false``, the pool runs ``execute`` in threads instead.
 """
 
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
+import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.sandbox import execute
-
-Job = tuple["str | os.PathLike", str]
+from progress_sql.sql.worker import Job, Worker, can_have_children
 
 _CHUNKS_PER_WORKER = 4  # jobs go out in chunks: fewer round trips, still balanced
 
@@ -37,17 +34,11 @@ def _run_job(job: Job, timeout_s: float | None, max_rows: int | None, settings: 
     return execute(db_path, sql, timeout_s, max_rows, settings=settings)
 
 
-def _start_method() -> str:
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
 class SQLPool:
-    """A pool of worker processes running ``execute``; use as a context manager.
+    """A pool of supervised worker processes running ``execute``; use as a context manager.
 
-    ``workers`` defaults to ``sandbox.workers``; with one worker the jobs run in the calling
-    thread. Workers start on the first ``map``. Job paths must be picklable (``str`` or
-    ``Path``), and a script that uses the pool needs the ``if __name__ == "__main__":`` guard
-    (workers import the main module, as with any ``spawn``/``forkserver`` pool).
+    ``workers`` defaults to ``sandbox.workers``; with one worker the jobs run in one worker
+    process driven from the calling thread. Workers start on the first ``map``.
     """
 
     def __init__(self, workers: int | None = None, settings: SandboxSettings | None = None) -> None:
@@ -55,45 +46,58 @@ class SQLPool:
         self.workers = self._settings.workers if workers is None else int(workers)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers!r}")
-        self.uses_processes = self.workers > 1 and not multiprocessing.current_process().daemon
-        self._executor: Executor | None = None
+        self.uses_processes = self._settings.isolate and can_have_children()
+        self._slots = [Worker(self._settings) for _ in range(self.workers)] if self.uses_processes else []
         self._closed = False
-
-    def _pool(self) -> Executor:
-        if self._executor is None:
-            if self.uses_processes:
-                context = multiprocessing.get_context(_start_method())
-                self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
-            else:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sqlpool")
-        return self._executor
 
     def map(self, jobs: Sequence[Job], timeout_s: float | None = None, max_rows: int | None = None) -> list[ExecResult]:
         """Execute every ``(db_path, sql)`` job; results in input order (never raises per job)."""
         if self._closed:
             raise RuntimeError("SQLPool is closed")
-        run = functools.partial(_run_job, timeout_s=timeout_s, max_rows=max_rows, settings=self._settings)
         jobs = list(jobs)
-        if self.workers == 1 or len(jobs) <= 1:
-            return [run(job) for job in jobs]
-        chunk = max(1, len(jobs) // (self.workers * _CHUNKS_PER_WORKER))
-        results: list[ExecResult] = []
-        try:
-            for result in self._pool().map(run, jobs, chunksize=chunk):
-                results.append(result)
-        except BrokenProcessPool as err:
-            self._executor.shutdown(wait=False, cancel_futures=True)  # type: ignore[union-attr]
-            self._executor = None  # rebuilt on the next call
-            message = f"a worker process died ({err or 'killed'}); this query's result was lost"
-            results += [ExecResult(error="runtime", message=message) for _ in jobs[len(results):]]
-        return results
+        if not self.uses_processes:
+            run = functools.partial(_run_job, timeout_s=timeout_s, max_rows=max_rows, settings=self._settings)
+            if self.workers == 1 or len(jobs) <= 1:
+                return [run(job) for job in jobs]
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="sqlpool") as threads:
+                return list(threads.map(run, jobs))
+        size = max(1, len(jobs) // (self.workers * _CHUNKS_PER_WORKER))
+        chunks: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for start in range(0, len(jobs), size):
+            chunks.put(start)
+        results: list[ExecResult | None] = [None] * len(jobs)
+
+        def drain(worker: Worker) -> None:
+            while True:
+                try:
+                    start = chunks.get_nowait()
+                except queue.Empty:
+                    return
+                results[start:start + size] = worker.run(jobs[start:start + size], timeout_s, max_rows)
+
+        slots = self._slots[:max(1, min(self.workers, -(-len(jobs) // size)))]
+        if len(slots) == 1:
+            drain(slots[0])
+        else:
+            with ThreadPoolExecutor(len(slots), thread_name_prefix="sqlpool") as threads:
+                list(threads.map(drain, slots))
+        return results  # type: ignore[return-value]
+
+    @property
+    def pids(self) -> list[int]:
+        """The running workers' process ids (for tests and benches)."""
+        return [pid for worker in self._slots if (pid := worker.pid) is not None]
+
+    @property
+    def stops(self) -> int:
+        """Queries ended by killing their worker (a hard stop) since the pool started."""
+        return sum(worker.stops for worker in self._slots)
 
     def close(self) -> None:
-        """Wait for running jobs and stop the workers (idempotent)."""
+        """Stop the workers (idempotent)."""
         self._closed = True
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for worker in self._slots:
+            worker.close()
 
     def __enter__(self) -> "SQLPool":
         return self
@@ -144,7 +148,8 @@ class GoldCache:
         with self._lock:
             self.misses += 1
         result = execute(db_path, gold_sql, timeout_s, limit, settings=self._settings)
-        if key is not None and self.maxsize > 0 and result.error != "timeout":
+        # a timeout or a memory failure depends on the moment (load, other queries), not on the query alone
+        if key is not None and self.maxsize > 0 and result.error not in ("timeout", "out_of_memory"):
             with self._lock:
                 self._entries[key] = result
                 self._entries.move_to_end(key)

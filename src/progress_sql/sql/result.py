@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-ErrorKind = Literal["syntax", "runtime", "timeout", "forbidden", "no_database"]
-ERROR_KINDS: tuple[ErrorKind, ...] = ("syntax", "runtime", "timeout", "forbidden", "no_database")
+# timeout, too_big and out_of_memory name the limit that stopped the query (sandbox.timeout_s,
+# sandbox.max_value_bytes, sandbox.max_memory_mb)
+ErrorKind = Literal["syntax", "runtime", "timeout", "forbidden", "no_database", "too_big", "out_of_memory"]
+ERROR_KINDS: tuple[ErrorKind, ...] = ("syntax", "runtime", "timeout", "forbidden", "no_database", "too_big",
+                                      "out_of_memory")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,14 @@ of ``ERROR_KINDS``. Defences, outermost first:
 The wall-clock limit is enforced by a progress handler that checks ``time.monotonic()`` every
 ``_VM_STEPS_PER_CHECK`` virtual-machine steps and makes SQLite abandon the statement, so a
 runaway query stops within milliseconds of its deadline instead of running on in the
-background.
+background. A handler runs between steps, not inside one, so the work one step can do is
+bounded by SQLite's own limits: no string or blob longer than ``sandbox.max_value_bytes``
+(``SQLITE_LIMIT_LENGTH``: ``randomblob(450000000)`` or a string doubled in a recursive CTE fail
+at once with ``too_big``), and SQLite's heap in the process capped at ``sandbox.max_memory_mb``
+(``PRAGMA hard_heap_limit``; past it: ``out_of_memory``). What one step can still do for seconds
+(SQLite 3.40's ``printf('%.*c', 900000000, 'x')``) only a process boundary stops: policy SQL runs
+through ``sql/worker.py``'s ``execute_isolated`` and ``SQLPool``, which kill a worker that outlives
+its deadline.
 
 Connections are cached per thread, keyed by the path and validated against the file's
 (device, inode, mtime, size) on every call, so a replaced or rewritten file is reopened and a
@@ -176,6 +183,21 @@ def _needs_immutable(path: str) -> bool:
     return wal_mode and not os.path.exists(path + "-wal")
 
 
+_heap_limit = [-1]  # the process-wide SQLite heap limit last set here, in bytes
+
+
+def _limit_heap(megabytes: int) -> None:
+    """Cap SQLite's heap in this process (the pragma is global to the library: any connection sets it)."""
+    limit = int(megabytes) * 2**20
+    if _heap_limit[0] != limit:
+        con = sqlite3.connect(":memory:")
+        try:
+            con.execute(f"PRAGMA hard_heap_limit = {limit}")
+        finally:
+            con.close()
+        _heap_limit[0] = limit
+
+
 def _connect(path: str, immutable: bool) -> sqlite3.Connection:
     uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro" + ("&immutable=1" if immutable else "")
     con = sqlite3.connect(uri, uri=True, isolation_level=None)
@@ -242,6 +264,10 @@ def _classify(err: Exception, timed_out: bool) -> ErrorKind:
     text = str(err).lower()
     if timed_out:
         return "timeout"
+    if "string or blob too big" in text:
+        return "too_big"
+    if "out of memory" in text:
+        return "out_of_memory"
     if "one statement at a time" in text:
         return "forbidden"
     if any(m in text for m in ("not authorized", "authorization denied", "readonly database", "attempt to write")):
@@ -319,6 +345,8 @@ def execute(
             con = _connection(path)
         except _NoDatabase as err:
             return _fail("no_database", str(err), started)
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, cfg.max_value_bytes)
+        _limit_heap(cfg.max_memory_mb)
 
         deadline = started + timeout
         try:
@@ -333,12 +361,18 @@ def execute(
             kind = _classify(err, getattr(err, "timed_out", False))
             if kind == "timeout":
                 return _fail("timeout", f"query stopped after exceeding the {timeout:g} s time limit", started)
+            if kind == "too_big":
+                return _fail("too_big", f"a string or blob grew past the limit of {cfg.max_value_bytes:,} bytes "
+                                        "(sandbox.max_value_bytes)", started)
+            if kind == "out_of_memory":
+                return _fail("out_of_memory", f"SQLite needed more than {cfg.max_memory_mb} MB "
+                                              "(sandbox.max_memory_mb)", started)
             if kind == "no_database":
                 _drop_connection(path)
             return _fail(kind, str(err) or type(err).__name__, started)
         return ExecResult(rows=rows, columns=columns, elapsed_s=time.monotonic() - started, truncated=truncated)
-    except MemoryError:
-        return _fail("runtime", "out of memory while executing the query", started)
+    except MemoryError:  # sqlite3 raises it for SQLITE_NOMEM: the heap limit, or the process's own memory
+        return _fail("out_of_memory", "out of memory while executing the query (sandbox.max_memory_mb)", started)
     except Exception as err:  # the contract: nothing escapes
         return _fail("runtime", f"{type(err).__name__}: {err}", started)
 

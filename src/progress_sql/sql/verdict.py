@@ -45,7 +45,7 @@ from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.equivalence import order_matters, results_match, spider_postprocess, strip_distinct
 from progress_sql.sql.pool import GoldCache, default_gold_cache
 from progress_sql.sql.result import ExecResult
-from progress_sql.sql.sandbox import execute
+from progress_sql.sql.worker import execute_isolated
 
 Semantics = Literal["spider", "bird"]
 
@@ -164,9 +164,9 @@ def verdict(
     if pred_sql is None:
         return Verdict(None, False, None)
     sandbox = sandbox if sandbox is not None else default_sandbox()
-    result = execute(db_path, pred_sql, settings=sandbox)
+    result = execute_isolated(db_path, pred_sql, settings=sandbox)
     view = comparison_sql(pred_sql, semantics)
-    compared = result if view == pred_sql else execute(db_path, view, settings=sandbox)
+    compared = result if view == pred_sql else execute_isolated(db_path, view, settings=sandbox)
     gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox, gold_cache)
     correct = same_answer(compared, gold, gold_order_matters(gold_sql, semantics), semantics)
     return Verdict(result, correct, compared)
@@ -188,7 +188,7 @@ def _match_on(
     gold_res = cache.get(db_path, gold, timeout_s)
     if not gold_res.ok:
         return False
-    return same_answer(execute(db_path, pred, timeout_s), gold_res, ordered)
+    return same_answer(execute_isolated(db_path, pred, timeout_s), gold_res, ordered)
 
 
 def execution_match(

@@ -15,7 +15,12 @@ Where a stage's run nests, in order:
 Every ``log_*`` function is a no-op without an active run, so package code may call them
 whether or not tracking is on. The tracking URI is ``MLFLOW_TRACKING_URI`` when set, else
 ``tracking.tracking_uri``, else a SQLite file ``mlruns/mlflow.db`` under the DVC root (or the
-working directory); local experiments keep their artifacts beside that database.
+working directory); local experiments keep their artifacts beside that database, and a store
+that was moved or copied (with its checkout) is pointed at its own artifacts on first use.
+
+A run whose process died without ending it (SIGKILL, a lost machine) would stay RUNNING for
+ever: every run records its host and process, and the next run started on that host marks the
+runs of dead processes KILLED.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import json
 import math
 import os
 import re
+import socket
+import sqlite3
 import time
 import warnings
 from contextlib import contextmanager
@@ -50,6 +57,8 @@ KIND_TAG = "progress_sql.kind"  # "pipeline" or "stage"
 STAGE_TAG = "progress_sql.stage"
 KEY_TAG = "progress_sql.pipeline_key"
 DATA_VERSION = "data_version"  # param on every run that saw a corpus, and on its pipeline run
+HOST_TAG = "progress_sql.host"
+PROCESS_TAG = "progress_sql.process"  # "<pid>:<start time>": a pid alone may be reused
 
 _configured: dict[str, str] = {}  # tracking URI → experiment id, per process
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")  # characters MLflow refuses in metric names
@@ -90,6 +99,30 @@ def _local_artifact_root(uri: str) -> str | None:
     return (db.parent / "artifacts").resolve().as_uri()
 
 
+def _relocate_artifacts(uri: str, experiment: Any) -> None:
+    """A local store moved (or copied) with its checkout still names the old folder's artifacts:
+    rewrite that prefix, in place, to the folder beside this database. Only locations of the shape
+    ``configure`` creates (``<folder>/artifacts``) are touched; MLflow has no API to move one."""
+    new = _local_artifact_root(uri)
+    old = experiment.artifact_location or ""
+    if new is None or old == new or not (old.startswith("file:///") and old.endswith("/artifacts")):
+        return
+    columns = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"),
+               ("model_versions", "source"), ("model_versions", "storage_location"))
+    con = sqlite3.connect(uri[len("sqlite:///"):], timeout=30)
+    try:
+        with con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table, column in columns:
+                if table in tables:
+                    con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                                f"WHERE substr({column}, 1, ?) = ?", (new, len(old) + 1, len(old), old))
+    finally:
+        con.close()
+    warnings.warn(f"MLflow store {uri}: artifacts were at {old} (the store was moved or copied); "
+                  f"now {new}", stacklevel=3)
+
+
 def configure(settings: Settings) -> str:
     """Point MLflow at the tracking store and the experiment of ``settings``; the experiment
     id. A local SQLite store (and its folder) is created on first use (a few seconds)."""
@@ -107,13 +140,56 @@ def configure(settings: Settings) -> str:
     client = MlflowClient(uri)
     try:
         experiment = client.get_experiment_by_name(name)
+        if experiment is not None and uri.startswith("sqlite:///"):
+            _relocate_artifacts(uri, experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else client.create_experiment(name, artifact_location=_local_artifact_root(uri)))
+        _mark_dead_runs_killed(client, experiment_id)
     except mlflow.exceptions.MlflowException as err:
         raise TrackingError(f"MLflow tracking store {uri} is not usable: {err}") from err
     mlflow.set_experiment(experiment_id=experiment_id)
     _configured[cache_key] = experiment_id
     return experiment_id
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), "" where there is
+    no /proc, None when no such process lives."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None if Path("/proc/self/stat").exists() else _alive_without_proc(pid)
+    except (OSError, IndexError):
+        return None
+
+
+def _alive_without_proc(pid: int) -> str | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return ""
+
+
+def _process_tags() -> dict[str, str]:
+    return {HOST_TAG: socket.gethostname(), PROCESS_TAG: f"{os.getpid()}:{_process_start(os.getpid()) or ''}"}
+
+
+def _mark_dead_runs_killed(client: MlflowClient, experiment_id: str) -> None:
+    """Runs this host started whose process is gone, still RUNNING: KILLED (with the time found)."""
+    host = socket.gethostname().replace("'", "")
+    stale = client.search_runs([experiment_id], max_results=1000,
+                               filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'")
+    for run in stale:
+        pid, _, started = run.data.tags.get(PROCESS_TAG, "").partition(":")
+        if not pid.isdigit():
+            continue
+        now = _process_start(int(pid))
+        if now is None or (started and now and now != started):
+            client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+            client.set_tag(run.info.run_id, "progress_sql.killed", "its process ended without ending the run")
 
 
 # ----------------------------------------------------------------------------- params and keys
@@ -214,7 +290,7 @@ def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = 
         yield None
         return
     configure(settings)
-    all_tags = {KIND_TAG: "pipeline", **(tags or {})}
+    all_tags = {KIND_TAG: "pipeline", **_process_tags(), **(tags or {})}
     previous = os.environ.get(PARENT_ENV)
     with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
         _log_params_with(MlflowClient(), run.info.run_id, settings, corpus_dir)
@@ -242,7 +318,7 @@ def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | 
         raise TrackingError("stage_run needs settings when no pipeline run is active")
     else:
         experiment_id = None
-    tags = {KIND_TAG: "stage", STAGE_TAG: name}
+    tags = {KIND_TAG: "stage", STAGE_TAG: name, **_process_tags()}
     active = mlflow.active_run()
     if active is not None:
         kwargs: dict[str, Any] = {"nested": True}
