@@ -141,6 +141,8 @@ def throughput(db: Path, queries: list[str], workers: int, repeats: int) -> dict
             execute(db, q)
 
     seconds["single thread, open per query"] = timed(reopen_each, repeats)
+    execute_isolated(db, queries[0])  # start the worker: policy SQL in a rollout goes this way
+    seconds["one by one, supervised worker"] = timed(lambda: [execute_isolated(db, q) for q in queries], repeats)
     with SQLPool(workers=workers) as pool:
         pool.map(jobs)  # start the workers and warm their connections
         seconds[f"SQLPool, {workers} processes"] = timed(lambda: pool.map(jobs), repeats)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from progress_sql.config import load_preset
+from progress_sql.config import dotted_items, load_preset
 from progress_sql.servers import (  # noqa: F401  (re-exported for the tests and the screenshot script)
     DEPLOYMENTS,
     QUIET_ENV,
@@ -152,23 +152,13 @@ def _api(stack: PrefectStack | str) -> str:
 
 
 # ----------------------------------------------------------------------------- the demo configuration
-def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_dotted(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def tiny_overrides(root: Path, tracking_uri: str | None = None) -> dict[str, Any]:
     """Settings overrides for a pipeline run of about a minute on a CPU: the sizes of the
     ``cpu-demo`` preset (configs/presets/cpu-demo.yaml) as dotted keys, every path under
     ``root``, MLflow at ``tracking_uri`` (default a SQLite file under ``root``)."""
     overlay, _ = load_preset(DEMO_PRESET, REPO / "configs" / "presets")
     return {
-        **_dotted(overlay),
+        **dotted_items(overlay),
         "data.out_dir": str(root / "corpus"), "model.base_dir": str(root / "tiny"),
         "sft.init_from": str(root / "tiny"), "sft.out_dir": str(root / "sft"),
         "rl.init_from": str(root / "sft"), "rl.out_dir": str(root / "rl"), "eval.out_dir": str(root / "eval"),

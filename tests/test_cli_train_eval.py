@@ -70,6 +70,8 @@ def cli(*args: str):
 
 def stage_runs(name: str) -> list:
     exp = MlflowClient().get_experiment_by_name("cli-stages")
+    if exp is None:  # no stage has opened a run yet
+        return []
     return [r for r in MlflowClient().search_runs([exp.experiment_id]) if r.info.run_name == name]
 
 
@@ -172,6 +174,10 @@ def test_eval_with_the_oracle_scores_one(workdir, tmp_path):
 
 def test_stage_failures_exit_1_with_a_message(workdir, tmp_path):
     result = cli("train", "sft", "--set", f"sft.init_from={tmp_path / 'nothing'}", "--no-progress")
+    assert result.exit_code == 1 and "sft.init_from" in result.output and not stage_runs("sft"), \
+        "a missing model stops the stage before its run opens"
+    (tmp_path / "not-a-model").mkdir()
+    result = cli("train", "sft", "--set", f"sft.init_from={tmp_path / 'not-a-model'}", "--no-progress")
     assert result.exit_code == 1 and "error: stage sft failed" in result.output
     result = cli("train", "init", "--corpus", str(tmp_path / "no-corpus"))
     assert result.exit_code == 1 and "error: stage init_model failed" in result.output

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from progress_sql.cli import app
 from progress_sql.cli.common import parse_overrides
 from progress_sql.config import SettingsError, settings_from_dict
+from progress_sql.corpus import integrity
 from progress_sql.data import build as build_module
 from progress_sql.data import drafting
 from progress_sql.data.build import build_corpus, split_domains
@@ -168,7 +169,7 @@ def test_corpus_layout_counts_and_disjoint_splits(corpus):
         assert layout.neighbours(db_id) == []
     assert all(layout.variant(v).is_file() for v in VARIANTS)
     for rel, digest in manifest["files"].items():
-        assert build_module.sha256_file(layout.root / rel) == digest
+        assert integrity.sha256_file(layout.root / rel) == digest
 
 
 def test_hardness_is_computed_by_spider_rules_and_covers_all_levels(corpus):

@@ -146,6 +146,12 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     diff = run("dvc", "metrics", "diff", "--json").stdout
     assert "reports/train/rl.json" in diff
 
+    # dvc repro keeps the train stage's checkpoints (persist: true) and --auto-resume goes on from
+    # them: forced to run again with the same settings, the stage resumes at its last step
+    forced = run("dvc", "repro", "-f", "-s", "train")
+    assert "rl: resumed from outputs/rl/checkpoints/step-1 (same settings and inputs)" in forced.stdout, \
+        forced.stdout[-3000:] + forced.stderr[-3000:]
+
 
 def test_params_rewritten_by_dvc_load_the_same(tmp_path):
     """`dvc exp run -S` rewrites params.yaml with a YAML 1.2 writer that unquotes "off"; the

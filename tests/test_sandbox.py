@@ -293,6 +293,15 @@ def test_execute_isolated_answers_like_execute_and_runs_in_another_process(schoo
     assert inline.rows == ((1,),)
 
 
+def test_execute_isolated_reads_a_relative_path_from_the_callers_folder(school_db: Path, monkeypatch) -> None:
+    from progress_sql.sql import execute_isolated
+
+    execute_isolated(school_db, "SELECT 1")  # the worker is up, with its own working folder
+    monkeypatch.chdir(school_db.parent)
+    assert execute_isolated(school_db.name, "SELECT count(*) FROM student").rows == execute(
+        school_db, "SELECT count(*) FROM student").rows
+
+
 # ----------------------------------------------------------------------------- connections
 def test_replaced_database_is_reopened(tmp_path: Path) -> None:
     path = tmp_path / "swap.sqlite"
@@ -389,13 +398,28 @@ def test_single_worker_pool_and_close(school_db: Path) -> None:
     assert SQLPool(settings=SandboxSettings(workers=4)).workers == 4
 
 
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of a process, in clock ticks (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_pool_uses_processes_and_survives_a_dead_worker(numbers_db: Path) -> None:
     with SQLPool(workers=2) as pool:
         assert pool.uses_processes
         pool.map([(numbers_db, "SELECT 1")] * 8)  # starts the workers
         pids = pool.pids
         assert len(pids) == 2
-        killer = threading.Timer(0.3, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
+        busy_since = {pid: _cpu_ticks(pid) for pid in pids}
+
+        def kill_when_both_run_a_query() -> None:  # a worker killed while idle is just restarted
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(_cpu_ticks(pid) - busy_since[pid] < 5 for pid in pids):
+                time.sleep(0.02)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_both_run_a_query)
         killer.start()
         results = pool.map([(numbers_db, RUNAWAYS["cartesian_5"])] * 4, timeout_s=1.0)
         killer.join()

@@ -365,6 +365,18 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def dotted_items(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"rl": {"lr": 1e-4}}`` → ``{"rl.lr": 1e-4}``: nested settings keyed as ``--set`` names
+    them, leaves unchanged (``tracking.flat_params`` makes them MLflow's strings)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(dotted_items(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def settings_from_dict(raw: Any, source: str = "<dict>", overrides: dict[str, Any] | None = None) -> Settings:
     """Validate a parsed params tree (plus ``{"a.b": value}`` overrides) into Settings."""
     if raw is None:

@@ -1,19 +1,31 @@
 """Atomic writers for the text, JSON and CSV files the stages leave behind (metrics, reports,
-plot data). The bottom of the import stack: it imports nothing from the package, so every
-layer may use it.
+plot data), and the one-writer lock of an output folder. The bottom of the import stack: it
+imports nothing from the package, so every layer may use it.
 
 A file is written to a temporary sibling and renamed over its target, so a reader (DVC, a
 dashboard, a concurrent stage) never sees half a file.
+
+``writer_lock(folder)``: a trainer or an evaluation holds its output folder's lock for the whole
+run, so a second one on the same folder stops at once, before writing anything, instead of
+interleaving its metrics, checkpoints and weights with the first's. The lock is
+``fcntl.flock`` on an open file: the kernel releases it when the process ends however it ends
+(SIGKILL too), so no stale lock outlives its holder; the file's text (pid, host, start time,
+command) only names the holder in the refusal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import os
+import socket
+import sys
+import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 
 def write_text(path: Path, text: str) -> None:
@@ -37,3 +49,62 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]
     for row in rows:
         writer.writerow({c: ("" if row.get(c) is None else row.get(c)) for c in columns})
     write_text(path, buf.getvalue())
+
+
+# ----------------------------------------------------------------------------- one writer per folder
+class FolderInUse(RuntimeError):
+    """Another process holds an output folder's writer lock; the message names the folder,
+    the holder and the lock file."""
+
+
+def lock_path(folder: str | Path) -> Path:
+    """The lock file of ``folder``: beside it (``<parent>/.<name>.lock``), not in it, so that
+    removing the folder (DVC removes a stage's outs before running it) cannot take a held lock
+    with it."""
+    folder = Path(folder).resolve()
+    return folder.with_name(f".{folder.name}.lock")
+
+
+@contextlib.contextmanager
+def writer_lock(folder: str | Path) -> Iterator[Path]:
+    """Hold ``folder``'s writer lock (yields the lock file) or raise FolderInUse at once. The
+    lock file is removed on release; one left by a killed holder is simply taken over."""
+    path = lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise FolderInUse(f"{folder} is being written by another process ({holder}; lock file {path}): "
+                              "wait for it to end or stop it, or write elsewhere") from None
+        try:  # the file we locked may have been released and removed meanwhile: lock the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        yield path
+    finally:
+        # removed while still locked, and only when the path is still our file: a process that
+        # opened it before then finds, once it gets the lock, that the path is not its file
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                path.unlink()
+        os.close(fd)
+
+
+def _holder(raw: bytes) -> str:
+    """The holder as the refusal names it, from the lock file's text."""
+    try:
+        info = json.loads(raw.decode("utf-8"))
+        return f"pid {info['pid']} on {info['host']} since {info['started']}: {info['command']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not written its details yet"

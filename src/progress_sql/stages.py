@@ -6,15 +6,22 @@ the DVC stages run) and the Prefect tasks of flows/pipeline.py. Callers parse th
 call a stage and print or log its summary; how a failure ends (an exit code, a failed task) is
 theirs. A stage that raises leaves its MLflow run marked FAILED.
 
+A stage that writes a run folder (``sft``, ``train``, ``evaluate``) holds its writer lock
+(``files.writer_lock``) from before its MLflow run opens to its end: a second one on the same
+folder stops at once and leaves nothing behind.
+
 Heavy modules (torch, MLflow, Great Expectations) are imported inside the functions: the CLI
 imports this module for every command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from progress_sql.files import writer_lock
 
 if TYPE_CHECKING:
     from progress_sql.config import Settings
@@ -79,11 +86,13 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     The result and its summary metrics."""
     from progress_sql import tracking
     from progress_sql.config import check_model_paths
+    from progress_sql.corpus.integrity import require_intact
     from progress_sql.tracking.stage_reports import sft_reports
     from progress_sql.train.sft import METRICS_FILE, run_sft
 
-    with tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir)):
-        check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
+    check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
+    require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
+    with writer_lock(out or settings.sft.out_dir), tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir)):
         result = run_sft(settings, corpus_dir, out_dir=out, progress=progress)
         summary = sft_reports(result, Path(report_dir))
         for step, loss in enumerate(result.losses, start=1):
@@ -97,12 +106,15 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
              resume: bool | str | Path = False, report_dir: str | Path, progress: bool = True,
              on_step: Callable[[int, dict[str, Any]], None] | None = None) -> tuple[RLResult, dict[str, float]]:
     """``train``: RL from ``rl.init_from`` into ``out`` (default ``rl.out_dir``; the policy goes
-    to OUT/final), resumed from the newest checkpoint (``resume=True``) or a checkpoint folder.
+    to OUT/final), resumed from the newest checkpoint (``resume=True``), from it only when it
+    was trained the same way (``resume="auto"``, the DVC stage) or from a checkpoint folder.
     Each step's metrics go to MLflow as ``rl/<key>``, then to ``on_step`` when given; rl.json
     and rl_curve.csv go to ``report_dir``. The result and its summary metrics."""
     from progress_sql import tracking
     from progress_sql.config import check_model_paths
+    from progress_sql.corpus.integrity import require_intact
     from progress_sql.tracking.stage_reports import rl_reports
+    from progress_sql.train.distributed import rank
     from progress_sql.train.trainer import run_rl
 
     def log_step(step: int, metrics: dict[str, Any]) -> None:
@@ -110,8 +122,11 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
         if on_step is not None:
             on_step(step, metrics)
 
-    with tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)):
-        check_model_paths(settings, "rl.init_from")  # a preset's missing model: at once, naming it
+    check_model_paths(settings, "rl.init_from")  # a preset's missing model: at once, naming it
+    require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
+    # only rank 0 writes the run folder (one lock per run, however many processes train)
+    lock = writer_lock(out or settings.rl.out_dir) if rank() == 0 else contextlib.nullcontext()
+    with lock, tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)):
         result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step)
         summary = rl_reports(result, Path(report_dir))
         tracking.log_metrics(summary)
@@ -126,9 +141,11 @@ def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Seq
     predictions, to the stage run's artifacts (``eval/``); the flat metrics to the stage run
     and its pipeline run."""
     from progress_sql import tracking
+    from progress_sql.corpus.integrity import require_intact
     from progress_sql.eval.runner import run_eval
 
-    with tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)):
+    require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
+    with writer_lock(out_dir), tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)):
         local = str(tracking.local_model_dir(model, settings)) if tracking.is_registry_uri(model) else model
         tracking.log_params({"eval.model": model})
         result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)

@@ -149,3 +149,21 @@ def status_lines_when_piped() -> None:
 
     if not isinstance(sys.stderr, StatusLines) and not sys.stderr.isatty():
         sys.stderr = StatusLines(sys.stderr)
+
+
+def die_with_dvc() -> None:
+    """Under ``dvc repro`` / ``dvc exp run`` (which set DVC_STAGE) on Linux, have the kernel send
+    this process SIGTERM when its parent (DVC: the stage's shell execs the command) dies. A
+    DVC that was killed records nothing this run writes, and a trainer left running as an
+    orphan would only race the next ``dvc repro``. Elsewhere nothing changes: a command run by
+    hand, ``nohup`` or a scheduler lives on without its parent as before."""
+    import os
+    import signal
+    import sys
+
+    if "DVC_STAGE" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from progress_sql import stages
-from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides, stage_or_exit
+from progress_sql.cli.common import SET_HELP, die_with_dvc, load_or_exit, parse_overrides, stage_or_exit
+from progress_sql.files import FolderInUse
 
 app = typer.Typer(help="Build, warm-start (SFT) and RL-train the policy.", no_args_is_help=True)
 
@@ -23,9 +24,10 @@ REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / pl
 
 def _policy_errors() -> tuple[type[BaseException], ...]:
     from progress_sql.train.checkpoint import CheckpointError
+    from progress_sql.inference.backends import NonFiniteLogits
     from progress_sql.inference.models import PolicyLoadError
 
-    return (PolicyLoadError, CheckpointError)
+    return (PolicyLoadError, NonFiniteLogits, CheckpointError, FolderInUse)
 
 
 @app.command("init")
@@ -61,6 +63,7 @@ def sft(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
     """Supervised warm start on the train split (gold SQL in the recipe's tags, revision dialogues)."""
+    die_with_dvc()
     settings = load_or_exit(params, parse_overrides(overrides))
     with stage_or_exit("sft", _policy_errors()):
         result, _ = stages.sft(settings, Path(corpus or settings.data.out_dir), out=out, report_dir=report_dir,
@@ -77,14 +80,22 @@ def rl(
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Run folder (default: rl.out_dir); the policy goes to OUT/final"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run folder"),
+    auto_resume: bool = typer.Option(
+        False, "--auto-resume", help="Continue from the newest checkpoint in the run folder only when it was trained "
+                                     "with the same settings, corpus, starting policy and code; else start over "
+                                     "(the DVC stage's way)"),
     resume_from: Optional[str] = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder"),
     report_dir: str = typer.Option("reports/train", "--report-dir", help=REPORT_HELP),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
     """Multi-turn RL (GRPO / GSPO / Dr.GRPO) with the reward recipe and environment of rl.*."""
+    die_with_dvc()
+    if auto_resume and (resume or resume_from):
+        raise typer.BadParameter("--auto-resume decides itself: give no --resume or --resume-from with it",
+                                 param_hint="--auto-resume")
     settings = load_or_exit(params, parse_overrides(overrides))
-    start: bool | Path = Path(resume_from) if resume_from else resume
+    start: bool | str | Path = Path(resume_from) if resume_from else "auto" if auto_resume else resume
     with stage_or_exit("train", _policy_errors()):
         result, summary = stages.train_rl(settings, Path(corpus or settings.data.out_dir), out=out, resume=start,
                                           report_dir=report_dir, progress=progress)
@@ -92,3 +103,5 @@ def rl(
                f"{result.questions} train questions (rl.question_pool: {settings.rl.question_pool}), "
                f"stopped by {result.stopped_by}; final reward/mean {summary.get('rl/reward_mean', float('nan')):.3f}; "
                f"policy saved to {result.final_dir}")
+    if result.start:
+        typer.echo(f"rl: {result.start}")

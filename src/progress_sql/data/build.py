@@ -20,7 +20,6 @@ with identical content (``generate_db.database_fingerprint``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -39,6 +38,7 @@ from progress_sql.data.drafting import Draft, draw_examples
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
 from progress_sql.data.neighbours import query_literals, write_neighbours
 from progress_sql.data.patterns import LEVELS, DbContext
+from progress_sql.corpus.integrity import sha256_file  # the manifest's hashes, checked by the same module
 from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
 from progress_sql.data.variants import build_variants
 from progress_sql.sql.sandbox import clear_connection_cache
@@ -67,14 +67,6 @@ def split_domains(settings: Settings) -> dict[str, list[Domain]]:
     train = sorted(chosen[data.n_dev_databases + data.n_test_databases :], key=lambda d: d.name)
     train += renamed_copies(train, data.renamed_copies, dev + test, data.seed, data.renamed_column_share)
     return {"train": train, "dev": sorted(dev, key=lambda d: d.name), "test": sorted(test, key=lambda d: d.name)}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:

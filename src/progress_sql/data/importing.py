@@ -59,9 +59,10 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from progress_sql.config import Settings
+from progress_sql.corpus.integrity import SQLITE_HEADER, sha256_file
 from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider
-from progress_sql.data.build import MANIFEST_FORMAT, build_atomically, sha256_file
+from progress_sql.data.build import MANIFEST_FORMAT, build_atomically
 from progress_sql.data.loaders import (
     LoadResult,
     count_synsql_records,
@@ -78,7 +79,6 @@ log = logging.getLogger(__name__)
 
 DATASETS = ("spider", "bird", "synsql")
 VARIANT_SETTINGS = {"syn": "import_spider_syn", "realistic": "import_spider_realistic", "dk": "import_spider_dk"}
-SQLITE_HEADER = b"SQLite format 3\x00"
 _META_DROPPED = ("db_path", "tables_json")  # the source's paths: the corpus has its own
 
 

@@ -20,6 +20,12 @@ The in-domain split (``indomain.jsonl``, optional: an import and an older corpus
 an empty one) shares the train databases by design: it is left out of the disjointness check,
 and two checks of its own hold instead: its databases are train databases, and none of its
 examples repeats a train example's gold SQL or question on the same database.
+
+Before the suite, the corpus is checked against its ``manifest.json`` at full depth
+(``corpus.integrity``: every file's sha256 and count, every database's header, schema and
+hash): two more outcomes, "files match manifest.json" and "databases are intact SQLite files",
+that fail naming each damaged file. Training and evaluation refuse such a corpus outright
+(``corpus.integrity.require_intact``); here it is reported with everything else.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import pandas as pd
 from progress_sql.config import Settings
 from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example,
                                          question_key, read_text)
+from progress_sql.corpus.integrity import corpus_damage
+from progress_sql.data.generate_db import database_fingerprint
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 from progress_sql.sql.verdict import SEMANTICS, comparison_sql
 
@@ -384,6 +392,29 @@ def _outcome(check: _Check, result: Any, df: pd.DataFrame) -> ExpectationOutcome
     return ExpectationOutcome(check.name, config.type, check.column, bool(result.success), observed, offenders)
 
 
+FILES_MATCH = "files match manifest.json"
+DATABASES_INTACT = "databases are intact SQLite files"
+
+
+def _integrity_outcomes(layout: CorpusLayout) -> list[ExpectationOutcome]:
+    """The corpus against its manifest at full depth (database hashes too), as two outcomes
+    beside the suite's: its listed files, its databases; the offenders name the files."""
+    damage = corpus_damage(layout.root, full=True, fingerprint=database_fingerprint)
+    listed = layout.manifest.is_file()
+    outcomes = []
+    for kind, name in (("file", FILES_MATCH), ("database", DATABASES_INTACT)):
+        bad = [d for d in damage if d.kind == kind]
+        if bad:
+            observed = f"{len(bad)} damaged"
+        elif not listed:
+            observed = "no manifest.json: not checked" if kind == "file" else "SQLite header and schema read"
+        else:
+            observed = "all as manifest.json lists them"
+        outcomes.append(ExpectationOutcome(name, "corpus_integrity", f"{kind}s", not bad, observed,
+                                           tuple(str(d) for d in bad[:_SHOWN_OFFENDERS])))
+    return outcomes
+
+
 def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> ValidationReport:
     """Run the GE suite over the corpus at ``corpus_dir``; write validation.json/.md to ``report_dir``.
 
@@ -391,8 +422,9 @@ def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> V
     wrong with the corpus shows up as a failed expectation in the returned report.
     """
     corpus_dir = Path(corpus_dir)
-    df = corpus_frame(corpus_dir, settings)
     layout = CorpusLayout(corpus_dir)
+    integrity = _integrity_outcomes(layout)
+    df = corpus_frame(corpus_dir, settings)
     manifest = _read_json(layout.manifest) if layout.manifest.is_file() else None
     imported = None
     if manifest and manifest.get("source") == "import":
@@ -404,10 +436,10 @@ def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> V
     batch = batch_definition.get_batch(batch_parameters={"dataframe": df})
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 20})
     by_name = {r.expectation_config.meta["name"]: r for r in result.results}
-    outcomes = [_outcome(check, by_name[check.name], df) for check in checks]
+    outcomes = integrity + [_outcome(check, by_name[check.name], df) for check in checks]
     report = ValidationReport(
         corpus_dir=str(corpus_dir),
-        success=bool(result.success),
+        success=bool(result.success) and all(o.success for o in integrity),
         outcomes=outcomes,
         rows={part: int(n) for part in (*SPLITS, INDOMAIN, *VARIANTS)
               if (n := (df["part"] == part).sum()) or part in SPLITS},

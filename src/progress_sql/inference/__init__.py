@@ -20,7 +20,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "BackendUnavailable": "backends", "GenerationBackend": "backends", "Sample": "backends",
+    "BackendUnavailable": "backends", "GenerationBackend": "backends", "NonFiniteLogits": "backends", "Sample": "backends",
     "TransformersBackend": "backends", "VLLMBackend": "backends", "make_backend": "backends",
     "reusing_prefixes": "backends",
     "BUNDLED_MODELS": "models", "PolicyLoadError": "models", "chat_prompt_ids": "models", "load_policy": "models",

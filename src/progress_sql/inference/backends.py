@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import multiprocessing.resource_tracker
 import os
 import queue
@@ -63,6 +64,10 @@ FinishReason = Literal["stop", "eos", "length", "prompt_too_long"]
 
 class BackendUnavailable(RuntimeError):
     """A generation backend cannot run here (its optional dependency is missing)."""
+
+
+class NonFiniteLogits(RuntimeError):
+    """The model computed NaN or infinite logits while generating: what it would write is noise."""
 
 
 @dataclass
@@ -475,6 +480,11 @@ class TransformersBackend:
                                         None if uniforms is None else uniforms[row_index, step])
             # one device-to-host copy a position (ids below 2**53 are exact in float64)
             host_ids, host_logp = torch.stack((chosen.to(torch.float64), chosen_logp.to(torch.float64))).tolist()
+            if not all(map(math.isfinite, host_logp)):  # a NaN or inf logit makes its row's logsumexp NaN
+                raise NonFiniteLogits(
+                    f"the model computed NaN or infinite logits (generated token {step + 1}): weights that "
+                    f"diverged, or activations that overflow {next(model.parameters()).dtype}; its output "
+                    "would be noise, so generation stops")
             for row, s in enumerate(rows):
                 if finish[s] is not None:
                     continue

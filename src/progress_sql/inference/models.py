@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 Message = dict[str, str]
@@ -58,7 +59,19 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     return tokenizer
 
 
-def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _check_finite(model: torch.nn.Module, name: str) -> None:
+    """PolicyLoadError naming ``name`` when a weight of ``model`` is NaN or infinite (a run that
+    diverged and was saved anyway): such a model generates garbage, or nothing, without an error."""
+    bad = [key for key, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise PolicyLoadError(f"{name}: the weights hold NaN or infinite values ({', '.join(bad[:3])}{more}); "
+                              "the model cannot be used (was it saved after its training diverged?)")
+
+
+def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+            name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    _check_finite(model, name)
     prepare_tokenizer(tokenizer)
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -78,6 +91,8 @@ def load_policy(
     A directory that exists must hold a transformers model (``config.json``); otherwise, and
     when a name cannot be loaded (offline and not cached, not on the hub), PolicyLoadError names
     it. A ``BUNDLED_MODELS`` name loads that model (its dtype is the package's). ``dtype``: ``auto`` (bf16 on a capable GPU, else fp32), ``float32`` or ``bfloat16``.
+    A truncated weight file, and weights that are NaN or infinite, are a PolicyLoadError naming
+    the file or the model: eval, ask, SFT and RL all load through here.
     """
     name = str(path_or_id)
     if name in BUNDLED_MODELS:
@@ -89,16 +104,29 @@ def load_policy(
             raise PolicyLoadError(f"{path} is not a model directory (no config.json); "
                                   "build one with `progress-sql train init` or pass a hub id")
         name = str(path)
+        _check_weight_files(path)
     target = resolve_device(device)
     kwargs: dict[str, Any] = {"local_files_only": local or _offline(), "trust_remote_code": trust_remote_code}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype(dtype, target), **kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # RuntimeError: a corrupt .bin
         where = "local directory" if local else ("hub id (offline: only the local cache is searched)"
                                                 if _offline() else "hub id")
         raise PolicyLoadError(f"cannot load the policy {name!r} as a {where}: {err}") from err
-    return _finish(model.to(target), tokenizer)
+    return _finish(model.to(target), tokenizer, name)
+
+
+def _check_weight_files(folder: Path) -> None:
+    """PolicyLoadError naming the first ``*.safetensors`` file of ``folder`` whose header does not
+    fit its size (a truncated copy or download): only the headers are read. transformers' own
+    error names no file."""
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise PolicyLoadError(f"{file} is truncated or corrupt ({err}); copy or save the model again") from None
 
 
 def chat_prompt_ids(
@@ -139,7 +167,7 @@ def load_smollm2(*, device: str | None = None) -> tuple[PreTrainedModel, PreTrai
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except (OSError, ValueError, ImportError) as err:
         raise PolicyLoadError(f"cannot load SmolLM2 from {gguf}: {err}") from err
-    return _finish(model.to(resolve_device(device)), tokenizer)
+    return _finish(model.to(resolve_device(device)), tokenizer, str(gguf))
 
 
 def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:

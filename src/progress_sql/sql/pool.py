@@ -2,9 +2,10 @@
 
 ``SQLPool`` runs jobs in supervised worker *processes* (``sql/worker.py``: a hard stop at the
 deadline and a memory cap per worker), fed in chunks by one thread per worker. Measured with
-``bench/bench_sandbox.py`` (2 workers, 2 shared cores, four runs): on varied ~1 ms queries
-processes reached 1.8-2.0x the single-thread rate and threads 1.4-1.8x; on ~20 µs point lookups
-processes 0.8-1.4x, threads 0.3-0.45x. sqlite3 releases the GIL while SQLite steps, but the
+``bench/bench_sandbox.py`` (2 workers, 2 shared cores): on varied ~4 ms queries processes
+reached 1.8-2.0x the single-thread rate and threads 1.4-1.8x; on ~80 µs point lookups processes
+0.5x (each result returns on its own, for its deadline: docs/experiments/2026-12-05-sandbox-bombs-
+and-faults.md), threads 0.3-0.45x. sqlite3 releases the GIL while SQLite steps, but the
 Python side of every query (the sqlglot check, row conversion, the progress handler) needs it,
 and with short queries threads spend their time handing the GIL back and forth. Each worker
 keeps its own cached read-only connections. Inside a daemonic process, which may not have

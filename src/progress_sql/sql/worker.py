@@ -43,6 +43,16 @@ def can_have_children() -> bool:
     return not multiprocessing.current_process().daemon
 
 
+def _absolute(job: Job) -> Job:
+    """The job with its database path made absolute: the child's working folder is the fork
+    server's, not the caller's (the caller may have changed folder since the worker started)."""
+    db_path, sql = job
+    try:
+        return os.path.abspath(db_path), sql
+    except TypeError:  # not a path: ``execute`` explains in the child
+        return db_path, sql
+
+
 def _serve(conn: Connection, settings: SandboxSettings) -> None:
     """The child: cap the address space, then answer each job of each batch, one result at a time."""
     cap = settings.worker_memory_mb * 2**20
@@ -93,7 +103,7 @@ class Worker:
         by ``sandbox.hard_stop_grace_s`` is ended by killing the child (error ``timeout``)."""
         timeout = self._settings.timeout_s if timeout_s is None else float(timeout_s)
         limit = timeout + self._settings.hard_stop_grace_s
-        jobs = list(jobs)
+        jobs = [_absolute(job) for job in jobs]
         results: list[ExecResult] = []
         retried = False
         try:

@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -52,15 +54,24 @@ import torch
 from tqdm import tqdm
 
 from progress_sql import envs, rewards
-from progress_sql.config import RLSettings, Settings
+from progress_sql.config import RLSettings, Settings, dotted_items
+from progress_sql.corpus.integrity import sha256_file
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.inference import ChatModel, load_policy, make_backend, reusing_prefixes
-from progress_sql.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from progress_sql.train.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    list_checkpoints,
+    resume_checkpoint,
+    save_checkpoint,
+)
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss, token_logprobs
 from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +86,7 @@ class RLResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     questions: int = 0  # train questions drawn from (rl.hardness, rl.question_pool)
+    start: str = ""  # resume="auto": where the run started and why
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -230,6 +242,81 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]], mode: str = "a") -> Non
             fh.write(json.dumps(row, sort_keys=True) + "\n")
 
 
+# ----------------------------------------------------------------------------- resuming
+# The settings dvc.yaml's train stage reads, less those that only say where the run goes, how
+# long it goes on and what it keeps (rl.init_from counts by its content; rl.steps counts under a
+# decaying schedule, whose length it sets).
+FINGERPRINT_SECTIONS = ("seed", "rl", "generation", "env", "rewards", "odt", "sandbox")
+_NOT_FINGERPRINTED = {"rl.out_dir", "rl.init_from", "rl.steps", "rl.max_minutes", "rl.checkpoint_every",
+                      "rl.keep_checkpoints", "rl.save_rollouts"}
+
+
+def run_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
+    """What decides the course of a run, recorded in each checkpoint: ``settings``, those of
+    ``FINGERPRINT_SECTIONS`` (flat: ``"rl.lr": 0.001``), and ``inputs``, the sha256 of the train
+    split, of the starting policy's files (its name when it is no folder: a hub id) and of this
+    package's source. A run resumed from a checkpoint of the same fingerprint goes on as the
+    run that wrote it would have."""
+    dumped = settings.model_dump(mode="json")
+    flat = dotted_items({key: dumped[key] for key in FINGERPRINT_SECTIONS})
+    keep_steps = settings.rl.schedule != "constant"
+    init = Path(settings.rl.init_from)
+    return {"settings": {k: v for k, v in flat.items()
+                         if k not in _NOT_FINGERPRINTED or (keep_steps and k == "rl.steps")},
+            "inputs": {"train split": sha256_file(layout.split("train")),
+                       "starting policy": _tree_sha256(init) if init.is_dir() else settings.rl.init_from,
+                       "code": _tree_sha256(Path(__file__).resolve().parents[1])}}
+
+
+def auto_resume_point(out: Path, fingerprint: dict[str, Any], steps: int) -> tuple[bool, str]:
+    """``resume="auto"``: whether to go on as ``resume=True`` does (from the newest intact
+    checkpoint in ``out``), which is when every checkpoint there whose trainer state reads
+    records ``fingerprint`` and none is past ``steps``; and a line saying why not."""
+    states = {c: s for c in list_checkpoints(out) if (s := _trainer_state(c)) is not None}
+    if not states:  # unreadable ones (corrupt) are no run to go on with
+        return False, f"started at step 0: no checkpoint in {out}"
+    for checkpoint, state in reversed(states.items()):
+        reason = _not_resumable(state, fingerprint, steps)
+        if reason:
+            if rank() == 0:  # said at once: the fresh start removes the checkpoints
+                log.warning("rl: starting over (the checkpoints in %s are removed): %s %s", out, checkpoint, reason)
+            return False, f"started over: {checkpoint} {reason}"
+    return True, ""
+
+
+def _trainer_state(checkpoint: Path) -> dict[str, Any] | None:
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+        return state if isinstance(state, dict) else None
+    return None
+
+
+def _not_resumable(state: dict[str, Any], fingerprint: dict[str, Any], steps: int) -> str:
+    """Why a run with ``fingerprint`` and ``steps`` may not go on from a checkpoint of trainer
+    state ``state`` ('' if it may)."""
+    recorded = state.get("fingerprint")
+    if not (isinstance(recorded, dict) and isinstance(recorded.get("settings"), dict)
+            and isinstance(recorded.get("inputs"), dict)):
+        return "records no fingerprint of its settings and inputs"
+    old, new = recorded["settings"], fingerprint["settings"]
+    changed = [f"{k} {old.get(k)!r:.40} → {new.get(k)!r:.40}" for k in sorted(old.keys() | new.keys())
+               if old.get(k) != new.get(k)]
+    changed += [f"the {k}" for k, v in fingerprint["inputs"].items() if recorded["inputs"].get(k) != v]
+    if changed:
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        return f"was trained otherwise ({'; '.join(changed[:5])}{more} changed)"
+    if not isinstance(state.get("step"), int) or state["step"] > steps:
+        return f"is past rl.steps ({steps})"
+    return ""
+
+
+def _tree_sha256(folder: Path) -> str:
+    """One sha256 over the names and contents of the files under ``folder`` (bytecode caches aside)."""
+    lines = [f"{p.relative_to(folder).as_posix()} {sha256_file(p)}" for p in sorted(folder.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts]
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
 # ----------------------------------------------------------------------------- the loop
 def run_rl(
     settings: Settings,
@@ -245,8 +332,10 @@ def run_rl(
     ``out_dir`` (default ``rl.out_dir``) receives ``metrics.jsonl``, ``rollouts/step-N.jsonl``
     (when ``rl.save_rollouts``), ``checkpoints/step-N`` and ``final/``. ``resume``: False starts
     afresh (clearing earlier checkpoints, metrics and rollouts there); True continues from the
-    newest checkpoint in ``out_dir`` (afresh when there is none); a path continues from that
-    checkpoint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
+    newest checkpoint in ``out_dir`` (afresh when there is none); ``"auto"`` too, but only when
+    that checkpoint has this run's ``run_fingerprint`` (else afresh; ``RLResult.start`` says
+    which and why); a path continues from that checkpoint. Each checkpoint records the
+    fingerprint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
     The generation backend and the engine are closed however the run ends: a vLLM engine's
     processes stop, and a process group the run opened is destroyed.
     """
@@ -265,6 +354,10 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
     if not train:
         raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
                           "(rl.hardness)")
+    fingerprint = run_fingerprint(settings, layout)
+    start, auto = "", resume == "auto"
+    if auto:  # go on only from checkpoints this run would have written
+        resume, start = auto_resume_point(out, fingerprint, rl.steps)
 
     # -- policy, reference, engine, sampler
     deepspeed = use_deepspeed(rl.deepspeed)
@@ -307,18 +400,18 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
     # -- fresh start or resume
     state: dict[str, Any] = {"step": 0, "data_position": 0, "history": []}
     checkpoint = None
-    if resume:
-        checkpoint = latest_checkpoint(out) if resume is True else Path(resume)
-        if checkpoint is not None and not checkpoint.exists():
-            raise CheckpointError(f"checkpoint {checkpoint} not found")
-    if checkpoint is not None:
-        state = load_checkpoint(engine, checkpoint)
+    # True: the newest intact checkpoint (it says which, and which corrupt ones it skipped); a path: that one
+    resumed = resume_checkpoint(engine, out, None if resume is True else resume) if resume else None
+    if resumed is not None:
+        checkpoint, state = resumed
         with engine.gathered():
             backend.sync_weights(policy_model)
     elif main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
         for stale in ("checkpoints", "rollouts", "final"):
             shutil.rmtree(out / stale, ignore_errors=True)
         (out / QUESTION_POOL_FILE).unlink(missing_ok=True)
+    if auto and checkpoint is not None:
+        start = f"resumed from {checkpoint} (same settings and inputs)"
     history: list[dict[str, Any]] = list(state["history"])
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -458,7 +551,7 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
         if out_of_time and step < rl.steps:
             stopped_by = "time"
         if step % rl.checkpoint_every == 0 or step == rl.steps or out_of_time:
-            trainer_state = {"data_position": position, "history": history}
+            trainer_state = {"data_position": position, "history": history, "fingerprint": fingerprint}
             if "question_pool" in state:
                 trainer_state["question_pool"] = state["question_pool"]
             last_checkpoint = save_checkpoint(engine, out, step, trainer_state, rl.keep_checkpoints)
@@ -474,4 +567,4 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
                    "questions": len(train), "question_pool_s": pool_s, "rl": rl.model_dump(),
                    "last": history[-1] if history else {}}
         (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
-    return RLResult(out, final, step, stopped_by, history, last_checkpoint, questions=len(train))
+    return RLResult(out, final, step, stopped_by, history, last_checkpoint, questions=len(train), start=start)
