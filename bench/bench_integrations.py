@@ -195,7 +195,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_integrations_") as tmp:
         data = {"n_databases": args.databases, "n_dev_databases": 1, "n_test_databases": 1,
-                "train_size": args.examples, "dev_size": 4, "test_size": 4, "neighbours": 0, "renamed_copies": 0, "rows_scale": args.rows_scale}
+                "train_size": args.examples, "dev_size": 4, "test_size": 4, "neighbours": 0, "renamed_copies": 0,
+                "rows_scale": args.rows_scale}
         build_corpus(settings_from_dict({"data": data}), Path(tmp) / "corpus", progress=False)
         rows = task_rows(Path(tmp) / "corpus", "train", args.recipe, limit=args.examples)
         items = completions(rows, resolve_recipe(args.recipe).fmt)

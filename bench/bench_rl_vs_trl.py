@@ -211,8 +211,9 @@ def oneshot_reward_fn(settings: Settings, layout: CorpusLayout, examples: list[E
 def trl_trainer(settings: Settings, corpus: Path, out_dir: Path, calls: TrlCalls):
     """TRL's ``GRPOTrainer`` set up as ``run_rl`` runs single turn: the same round-1 prompts in
     ``run_rl``'s question order, G, lengths, sampling, optimizer, lr, clipping, loss (``grpo``:
-    per-sequence token mean), passes per batch (TRL's ``num_iterations``), no KL, and the same stop: the tiny tokenizer holds ``</sql>`` as
-    one token, which joins the eos ids, so TRL ends (and masks) a completion there as ours does."""
+    per-sequence token mean), passes per batch (TRL's ``num_iterations``), no KL, and the same
+    stop: the tiny tokenizer holds ``</sql>`` as one token, which joins the eos ids, so TRL ends
+    (and masks) a completion there as ours does."""
     from datasets import Dataset  # noqa: PLC0415 - TRL's stack, only for this run
     from trl import GRPOConfig, GRPOTrainer  # noqa: PLC0415
 
@@ -223,7 +224,8 @@ def trl_trainer(settings: Settings, corpus: Path, out_dir: Path, calls: TrlCalls
     layout = CorpusLayout(corpus)
     questions = step_questions(settings, list(read_jsonl(layout.split("train"))))
     recipe = rewards.get(rl.recipe)
-    env = envs.get("single_turn")(settings, fmt=recipe.fmt, schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style))
+    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
+    env = envs.get("single_turn")(settings, fmt=recipe.fmt, schema_texts=schema_texts)
     rows = []
     for k, ex in enumerate(questions):
         env.reset(ex, layout.database(ex.db_id))  # the exact round-1 messages ours prompts with

@@ -90,7 +90,8 @@ def build_database(folder: Path, seed: int) -> Path:
     ]
     products = [(i, f"product {i}", f"cat{i % 12}", round(rng.uniform(1, 500), 2)) for i in range(1, 1001)]
     orders = [
-        (i, rng.randint(1, 9000), rng.randint(1, 1000), rng.randint(1, 5), f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}")
+        (i, rng.randint(1, 9000), rng.randint(1, 1000), rng.randint(1, 5),
+         f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}")
         for i in range(1, 40001)
     ]
     con.executemany("INSERT INTO customers VALUES (?,?,?,?,?)", customers)

@@ -25,7 +25,8 @@ DEPTS = Example(
     gold_sql="SELECT T2.name, COUNT(*) FROM student AS T1 JOIN department AS T2 ON T1.dept_id = T2.dept_id GROUP BY T2.name",
     hardness="medium",
 )
-COURSES = Example(id="q3", db_id="school", question="List the course titles.", gold_sql="SELECT title FROM course", hardness="easy",
+COURSES = Example(id="q3", db_id="school", question="List the course titles.", gold_sql="SELECT title FROM course",
+                  hardness="easy",
                   evidence="Titles are stored in course.title.")
 
 
@@ -80,7 +81,8 @@ def test_odt_stops_at_first_correct_turn(school_db):
 
 
 def test_odt_feedback_only_after_wrong_non_final_turns(school_db):
-    wrong = [sql_out("SELECT name FROM student"), sql_out("SELECT age FROM student WHERE age > 20"), sql_out("SELECT name FROM course")]
+    wrong = [sql_out("SELECT name FROM student"), sql_out("SELECT age FROM student WHERE age > 20"),
+             sql_out("SELECT name FROM course")]
     policy = ScriptedPolicy([wrong + [sql_out(GOLD)]])
     ep = run_one(envs.get("odt_feedback")(settings(max_turns=3)), policy, OLDER, school_db)
     assert (ep.k_star, ep.K, ep.done_reason, ep.correct, ep.max_turns) == (None, 3, "max_turns", False, 3)

@@ -28,8 +28,10 @@ class HalfRight:
     name = "half-right"
 
     def complete(self, requests, *, n, temperature, top_p, seed):
-        return [[Completion(f"<think>t</think><sql>{r.example.gold_sql if len(r.example.question) % 2 == 0 else 'SELECT -1'}</sql>",
-                            7, "stop")] * n for r in requests]
+        def answer(r) -> str:
+            return r.example.gold_sql if len(r.example.question) % 2 == 0 else "SELECT -1"
+
+        return [[Completion(f"<think>t</think><sql>{answer(r)}</sql>", 7, "stop")] * n for r in requests]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ REAL_SQL = (
 )
 GOLD = "SELECT T2.name, count(*) FROM student AS T1 JOIN department AS T2 ON T1.dept_id = T2.dept_id GROUP BY T2.name"
 
-SQL_ALPHABET = st.sampled_from(list("SELECTFROMWHEREGROUPBYORDERJOIN selectfromwherejoinon*(),.;'\"=<>!-+/%0123456789_abcT\n\t[]`"))
+SQL_ALPHABET = st.sampled_from(list("SELECTFROMWHEREGROUPBYORDERJOIN selectfromwherejoinon"
+                                    "*(),.;'\"=<>!-+/%0123456789_abcT\n\t[]`"))
 
 
 @st.composite

@@ -125,7 +125,8 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(model, tok
     narrow = TransformersBackend(model, tokenizer, batch_size=1)
     kwargs = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=8)
     first = wide.generate([a, b], seed=7, **kwargs)
-    assert [[s.token_ids for s in row] for row in first] == [[s.token_ids for s in row] for row in wide.generate([a, b], seed=7, **kwargs)]
+    again = wide.generate([a, b], seed=7, **kwargs)
+    assert [[s.token_ids for s in row] for row in first] == [[s.token_ids for s in row] for row in again]
     # prompt a has sample seeds 0 and 1 in both calls: same samples, with or without b beside it
     assert [s.token_ids for s in narrow.generate([a], seed=7, **kwargs)[0]] == [s.token_ids for s in first[0]]
     other = wide.generate([a, b], seed=8, **kwargs)

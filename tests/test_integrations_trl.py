@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 
 import pytest
 

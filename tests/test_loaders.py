@@ -18,7 +18,6 @@ from progress_sql.data.loaders import (
     load_bird,
     load_spider,
     load_synsql,
-    mix,
     plan_mix,
     spider_database_path,
     spider_tables_path,
@@ -72,7 +71,8 @@ def _spider_record(db_id: str, query: str, question: str) -> dict:
 
 SPIDER_TRAIN = [
     ("concert_singer", "SELECT count(*) FROM singer", "How many singers do we have?"),
-    ("concert_singer", "SELECT name ,  country ,  age FROM singer ORDER BY age DESC", "Show name, country, age of singers by age."),
+    ("concert_singer", "SELECT name ,  country ,  age FROM singer ORDER BY age DESC",
+     "Show name, country, age of singers by age."),
     ("concert_singer", BAD_SQL, "A question whose gold SQL is broken."),
     ("concert_singer", "SELECT T2.name FROM singer_in_concert AS T1 JOIN singer AS T2 ON T1.singer_id = T2.singer_id "
                        "WHERE T1.concert_id IN (SELECT concert_id FROM concert WHERE YEAR = 2014)", "Singers in 2014 concerts?"),
@@ -385,35 +385,11 @@ def test_plan_mix_rejects_bad_ratios():
         plan_mix({"bird": 3}, {"bird": 1.0}, -1)
 
 
-def test_mix_is_deterministic_and_follows_the_plan(caplog):
-    sources = {"bird": _examples("bird", 50), "spider": _examples("spider", 4), "synsql": _examples("synsql", 80)}
-    ratios = default_settings().data.mix
-    with caplog.at_level(logging.WARNING):
-        first = mix(sources, ratios, 40, seed=7)
-    assert "spider has 4 examples, fewer than its share 12" in caplog.text
-    assert first == mix(sources, ratios, 40, seed=7)
-    assert first != mix(sources, ratios, 40, seed=8)
-    counts = {name: sum(e.source == name for e in first) for name in sources}
-    assert counts == plan_mix({k: len(v) for k, v in sources.items()}, ratios, 40) == {"bird": 21, "spider": 4, "synsql": 15}
-    assert len({e.id for e in first}) == 40
-    all_examples = [e for examples in sources.values() for e in examples]
-    assert all(e in all_examples for e in first)
-    # drawing from one source does not depend on the others being present
-    alone = mix({"bird": sources["bird"]}, ratios, 21, seed=7)
-    assert {e.id for e in alone} == {e.id for e in first if e.source == "bird"}
-
-
-def test_mix_of_loaded_datasets(spider_root, bird_root, synsql_root, caplog):
-    sources = {
-        "spider": load_spider(spider_root, "train").examples,
-        "bird": load_bird(bird_root, "train").examples,
-        "synsql": load_synsql(synsql_root).examples,
-    }
-    with caplog.at_level(logging.WARNING):
-        mixed = mix(sources, default_settings().data.mix, 20_000, seed=0)
-    assert "fewer than the 20000 asked for" in caplog.text
-    assert sorted(e.id for e in mixed) == sorted(e.id for s in sources.values() for e in s)
-    assert all(Path(e.meta["db_path"]).is_file() for e in mixed)
+def test_loaded_datasets_name_their_database_files(spider_root, bird_root, synsql_root):
+    loaded = [*load_spider(spider_root, "train").examples, *load_bird(bird_root, "train").examples,
+              *load_synsql(synsql_root).examples]
+    assert {e.source for e in loaded} == {"spider", "bird", "synsql"}
+    assert all(Path(e.meta["db_path"]).is_file() for e in loaded)
 
 
 # ----------------------------------------------------------------------------- for the import

@@ -406,3 +406,35 @@ def test_a_real_dvc_exp_run_with_a_preset(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     ran = json.loads((tmp_path / "settings.json").read_text())
     assert ran == json.loads(load_settings(PARAMS, preset="reasoning-sql").model_dump_json())
+
+
+def test_an_installed_package_finds_its_presets_and_deepspeed_configs_from_any_folder(tmp_path):
+    """``pip install .`` (not editable): the presets and DeepSpeed configs ship in the wheel and
+    are found from a folder that has no configs/ of its own."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "source"  # a copy: building writes build/ and egg-info beside the sources
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).is_file():
+            shutil.copy(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("progress_sql-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {f"progress_sql/configs/presets/{p.name}" for p in PRESETS.glob("*.yaml")} <= set(names)
+    assert "progress_sql/configs/deepspeed/zero2.json" in names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    probe = ("import progress_sql, progress_sql.config as c, progress_sql.train.distributed as d; "
+             "print(progress_sql.__file__); print(c.load_preset('progress-sql')[1]); "
+             "print(d.resolve_config_path('configs/deepspeed/zero3.json'))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, check=True).stdout.split("\n")
+    package = tmp_path / "site" / "progress_sql"
+    assert out[:3] == [str(package / "__init__.py"), str(package / "configs" / "presets" / "progress-sql.yaml"),
+                       str(package / "configs" / "deepspeed" / "zero3.json")]

@@ -269,11 +269,11 @@ class TestProgress:
 # ============================================================================ oneshot
 class TestOneShot:
     recipe = rewards.get("oneshot")
-    O = W.oneshot
+    weights = W.oneshot
 
     def test_terms_add(self):
         assert self.recipe(traj(turn(think(GOLD), correct=True), max_turns=1), W).total == pytest.approx(
-            self.O.correct + self.O.executable + self.O.format)
+            self.weights.correct + self.weights.executable + self.weights.format)
 
     @pytest.mark.parametrize(
         ("text", "runs", "correct", "expected"),
@@ -286,7 +286,7 @@ class TestOneShot:
     )
     def test_partial(self, text, runs, correct, expected):
         out = self.recipe(traj(turn(text, runs=runs, correct=correct), max_turns=1), W)
-        assert out.total == pytest.approx(sum(getattr(self.O, k) for k in expected))
+        assert out.total == pytest.approx(sum(getattr(self.weights, k) for k in expected))
         assert_output(out, "oneshot")
 
     def test_scores_the_final_turn(self):

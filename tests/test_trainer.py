@@ -17,7 +17,7 @@ pytest.importorskip("deepspeed")
 from safetensors.torch import load_file  # noqa: E402
 
 from progress_sql import envs  # noqa: E402
-from progress_sql.config import RLSettings, default_settings  # noqa: E402
+from progress_sql.config import RLSettings  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
@@ -227,7 +227,8 @@ def test_lr_schedules():
 def test_deepspeed_config_is_filled_from_settings(tmp_path):
     rl = RLSettings(micro_batch_size=3, grad_clip=0.5)
     config = deepspeed_config(rl, grad_accum=4, world=2, bf16=False)
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"]) == (3, 4, 24)
+    sizes = (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"])
+    assert sizes == (3, 4, 24)
     assert config["gradient_clipping"] == 0.5 and config["bf16"]["enabled"] is False
     assert config["zero_optimization"]["stage"] == 2
     assert deepspeed_config(RLSettings(deepspeed_config="configs/deepspeed/zero3.json"), grad_accum=1, world=1,

@@ -104,14 +104,17 @@ class DataSettings(_Section):
     import_spider_syn: str = ""  # Spider-Syn dev.json (or its folder): the syn split instead of none
     import_spider_realistic: str = ""  # spider-realistic.json (or its folder): the realistic split
     import_spider_dk: str = ""  # Spider-DK.json (or its folder): the dk split
-    import_test_suite: str = ""  # test-suite databases <db_id>/*.sqlite for TS; "": <import_spider>/test_suite_database if present
-    import_train: list[Literal["spider", "bird", "synsql"]] = ["spider", "bird", "synsql"]  # of those given: train sets drawn from
+    # test-suite databases <db_id>/*.sqlite for TS; "": <import_spider>/test_suite_database if present
+    import_test_suite: str = ""
+    # of those given: the train sets drawn from
+    import_train: list[Literal["spider", "bird", "synsql"]] = ["spider", "bird", "synsql"]
     import_eval: list[Literal["spider", "bird"]] = ["spider", "bird"]  # of those given: dev/test sets that make dev and test
     # random: data.mix_total examples drawn uniformly from the union of the train sets (the paper);
     # shares: data.mix fixed shares of data.mix_total. Both seeded by data.seed.
     import_sampling: Literal["random", "shares"] = "random"
     import_databases: Literal["copy", "symlink"] = "copy"  # symlink: no copies of large databases (BIRD)
-    max_failing_gold_share: float = Field(0.05, ge=0.0, le=1.0)  # imported golds that fail on their database; above: the import fails
+    # the share of imported golds that may fail on their database; above it the import fails
+    max_failing_gold_share: float = Field(0.05, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _splits_fit(self) -> "DataSettings":
@@ -441,14 +444,16 @@ def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | 
 # a file. Order: params.yaml, then the preset, then --set overrides.
 PRESETS_SUBDIR = Path("configs") / "presets"
 NO_PRESET = "none"  # the name that means "params.yaml as it is" (a choice of the Prefect form)
-_CHECKOUT = Path(__file__).resolve().parents[2]  # the repository of an editable install
+# The presets and DeepSpeed configs ship inside the package (the checkout's configs/ links
+# there), so an installed package finds them from any folder.
+PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
 def presets_dir(params: str | Path | None = None) -> Path:
     """Where presets are looked up: ``configs/presets/`` beside the params file (or the working
-    directory), else the one of the checkout this package is installed from."""
+    directory), else the package's own."""
     near = (Path(params).resolve().parent if params else Path.cwd()) / PRESETS_SUBDIR
-    return near if near.is_dir() else _CHECKOUT / PRESETS_SUBDIR
+    return near if near.is_dir() else PACKAGE_CONFIGS / "presets"
 
 
 def preset_names(folder: str | Path | None = None) -> tuple[str, ...]:

@@ -41,6 +41,18 @@ def write_json(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def write_json_lines(path: Path, rows: Iterable[dict[str, Any]], *, append: bool = False) -> None:
+    """One JSON object a line (sorted keys). ``append``: added to the end of the file (a log that
+    grows a step at a time); otherwise the file is replaced atomically."""
+    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    if not append:
+        write_text(path, text)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
     """CSV with a header; None becomes an empty cell."""
     buf = io.StringIO()

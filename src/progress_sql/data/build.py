@@ -209,4 +209,5 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     }
 
 
-__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "sha256_file", "split_domains", "swap_into_place"]
+__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "split_domains",
+           "swap_into_place"]

@@ -12,11 +12,11 @@ and ``exec_feedback`` (SQL-Trail / SkyRL-SQL tool loop). Pure Python: no torch.
 
 from __future__ import annotations
 
-from progress_sql.envs.base import Env, Episode, Policy, Request, ScriptedPolicy, StepResult, output_text
+from progress_sql.envs.base import PROMPT_TOO_LONG, Env, Episode, Policy, Request, ScriptedPolicy, StepResult, output_text
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite
 from progress_sql.envs.exec_feedback import ExecFeedbackEnv
 from progress_sql.envs.odt_feedback import ODTFeedbackEnv
-from progress_sql.envs.prompts import round1_messages, system_prompt, user_prompt
+from progress_sql.envs.prompts import Message, round1_messages, system_prompt, user_prompt
 from progress_sql.envs.rollout import rollout
 from progress_sql.envs.settings import EnvSettings, TaskSettings
 from progress_sql.envs.single_turn import SingleTurnEnv
@@ -39,10 +39,12 @@ def get(name: str) -> type[Env]:
 
 
 __all__ = [
+    "PROMPT_TOO_LONG",
     "Env",
     "EnvSettings",
     "Episode",
     "ExecFeedbackEnv",
+    "Message",
     "ODTFeedbackEnv",
     "Policy",
     "Request",

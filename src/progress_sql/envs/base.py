@@ -53,6 +53,11 @@ class Request:
     example: Any = None
 
 
+# The finish reason of an output that was never generated: its prompt is over
+# ``generation.max_prompt_tokens`` (the policy answers it with an empty sample).
+PROMPT_TOO_LONG = "prompt_too_long"
+
+
 def output_text(output: Any) -> str:
     """The text of one policy output (``str`` or an object with a ``text`` string)."""
     text = output if isinstance(output, str) else getattr(output, "text", None)

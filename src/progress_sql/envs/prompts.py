@@ -77,7 +77,8 @@ _TRAIL_SYSTEM = (
 )
 
 # env.prompt_style: compact (the tiny CPU policy): the same tags and protocol in one line.
-_COMPACT_SYSTEM = "Write one {db_engine} query for the question. Output <{reason}>reasoning</{reason}> then <{answer}>SQL</{answer}>."
+_COMPACT_SYSTEM = ("Write one {db_engine} query for the question. "
+                   "Output <{reason}>reasoning</{reason}> then <{answer}>SQL</{answer}>.")
 _COMPACT_TRAIL_SYSTEM = (
     "Answer the question with one {db_engine} query. You may run up to {max_turns} queries, each as "
     "<think>reasoning</think><sql>query</sql>; its result comes back in <observation>. Finish with "

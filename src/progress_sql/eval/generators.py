@@ -1,7 +1,8 @@
 """What evaluation generates with: a policy model (``inference.ChatModel``) or the oracle.
 
-A ``Generator`` completes requests (``envs.Request``: a conversation and its output format): ``complete(requests, n=..., temperature=...)`` gives ``n`` outputs per request, each
-with ``.text``, ``.n_tokens`` and ``.finish_reason``. Two kinds:
+A ``Generator`` completes requests (``envs.Request``: a conversation and its output format):
+``complete(requests, n=..., temperature=...)`` gives ``n`` outputs per request, each with
+``.text``, ``.n_tokens`` and ``.finish_reason``. Two kinds:
 
 - ``inference.ChatModel``: a model behind a generation backend, the adapter training uses.
 - ``OracleGenerator``: answers every request with its example's gold SQL in the format's tags.
@@ -21,12 +22,12 @@ from typing import Any, Protocol, Sequence
 from progress_sql.config import Settings
 from progress_sql.corpus.records import Example
 from progress_sql.envs.base import Request
+from progress_sql.envs.prompts import Message
 from progress_sql.formats import FormatName, answer_text
 
 ORACLE = "oracle"
 _ORACLE_REASONING = "The reference query."
 
-Message = dict[str, str]
 
 
 class Generator(Protocol):

@@ -25,7 +25,8 @@ from progress_sql.sql.hardness import HARDNESS_LEVELS
 
 HARDNESS_COLUMNS = ("group", "split", "decoding", "hardness", "n", "ex", "ts")
 ROBUSTNESS_COLUMNS = ("group", "split", "decoding", "ex", "ts")
-_SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "indomain": "In-domain", "syn": "Syn", "realistic": "Realistic", "dk": "DK"}
+_SPLIT_TITLES = {"train": "Train", "dev": "Dev", "test": "Test", "indomain": "In-domain", "syn": "Syn",
+                 "realistic": "Realistic", "dk": "DK"}
 _NOT_MODES = ("odt_mismatch",)
 
 

@@ -52,6 +52,7 @@ from progress_sql.config import Settings
 from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql import envs
 from progress_sql.envs import Request, SchemaTexts, rollout, round1_messages
+from progress_sql.envs.base import PROMPT_TOO_LONG
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import mismatch_rates, prediction_tags
 from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
@@ -62,7 +63,6 @@ from progress_sql.files import write_csv, write_json, write_text
 from progress_sql.formats import FormatName, parse_output
 from progress_sql.sql.pool import SQLPool
 
-PROMPT_TOO_LONG = "prompt_too_long"  # the finish reason of an output not generated (inference.policy)
 KNOWN_SPLITS = (*CORPUS_SPLITS, *VARIANTS)
 
 # Decoding-mode keys of the metrics ('@' is not allowed in MLflow metric names: vote_at_8).

@@ -4,9 +4,9 @@ The decision is ``progress_sql.sql.verdict``'s, the one the rewards use, under e
 semantics (``Candidate.semantics``, from ``Example.semantics``): each query's comparison view
 (Spider: ``spider_postprocess`` and ``strip_distinct``; BIRD: the SQL as written) is executed,
 order matters when the gold's output is ordered (never under BIRD), and results compare with
-``same_answer`` (Spider: bags up to a column permutation; BIRD: sets of rows). What this module adds is throughput: predictions run in the
-pool in one batch, identical (database, SQL) jobs run once, and gold results come from a
-``GoldCache``. tests/test_eval_conformance.py checks that its decisions equal
+``same_answer`` (Spider: bags up to a column permutation; BIRD: sets of rows). What this module
+adds is throughput: predictions run in the pool in one batch, identical (database, SQL) jobs
+run once, and gold results come from a ``GoldCache``. tests/test_eval_conformance.py checks that its decisions equal
 ``execution_match``'s and the reference evaluator's; tests/test_verdict_agreement.py that they
 equal the rewards'.
 

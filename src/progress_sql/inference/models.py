@@ -1,9 +1,10 @@
 """Loading a policy (a transformers causal LM and its tokenizer) and rendering chat prompts.
 
 A policy is named by a local directory (``save_pretrained`` output: the tiny model, an SFT or RL
-checkpoint), a hub id, or the name of a model a package ships (``BUNDLED_MODELS``: ``smollm2``). A local directory, or any name while ``HF_HUB_OFFLINE=1``, is loaded
-with ``local_files_only`` so nothing is fetched. The tokenizer is prepared for batched
-generation: left padding, and a pad token (the eos token when the model has none).
+checkpoint), a hub id, or the name of a model a package ships (``BUNDLED_MODELS``: ``smollm2``).
+A local directory, or any name while ``HF_HUB_OFFLINE=1``, is loaded with ``local_files_only``
+so nothing is fetched. The tokenizer is prepared for batched generation: left padding, and a
+pad token (the eos token when the model has none).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-Message = dict[str, str]
+from progress_sql.envs.prompts import Message
 
 
 class PolicyLoadError(RuntimeError):
@@ -90,7 +91,8 @@ def load_policy(
 
     A directory that exists must hold a transformers model (``config.json``); otherwise, and
     when a name cannot be loaded (offline and not cached, not on the hub), PolicyLoadError names
-    it. A ``BUNDLED_MODELS`` name loads that model (its dtype is the package's). ``dtype``: ``auto`` (bf16 on a capable GPU, else fp32), ``float32`` or ``bfloat16``.
+    it. A ``BUNDLED_MODELS`` name loads that model (its dtype is the package's). ``dtype``:
+    ``auto`` (bf16 on a capable GPU, else fp32), ``float32`` or ``bfloat16``.
     A truncated weight file, and weights that are NaN or infinite, are a PolicyLoadError naming
     the file or the model: eval, ask, SFT and RL all load through here.
     """

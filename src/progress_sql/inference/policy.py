@@ -44,14 +44,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from progress_sql.envs.base import Request
+from progress_sql.envs.base import PROMPT_TOO_LONG, Request
+from progress_sql.envs.prompts import Message
 from progress_sql.formats import FormatName, stop_strings
 from progress_sql.inference.backends import GenerationBackend, Sample, make_backend
 from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_policy
 from progress_sql.inference.settings import GenerationSettings
-
-Message = dict[str, str]
-PROMPT_TOO_LONG = "prompt_too_long"  # the finish reason of a prompt that was not generated from
 
 
 # ----------------------------------------------------------------------------- template deltas

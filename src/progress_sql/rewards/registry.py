@@ -7,7 +7,6 @@ Adding a recipe: a module beside the others defining its weights (a ``Section``)
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 from pydantic import create_model
 
@@ -22,12 +21,6 @@ _BY_NAME = {recipe.name: recipe for recipe in RECIPES}
 RewardSettings = create_model(
     "RewardSettings", __base__=Section, **{r.name: (r.weights, r.weights()) for r in RECIPES}
 )
-
-
-@lru_cache(maxsize=1)
-def default_rewards() -> RewardSettings:
-    """The built-in reward weights (those of the shipped params.yaml)."""
-    return RewardSettings()
 
 
 def names() -> tuple[str, ...]:

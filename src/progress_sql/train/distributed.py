@@ -33,9 +33,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from progress_sql.config import RLSettings
+from progress_sql.config import PACKAGE_CONFIGS, RLSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()
 
 
@@ -75,12 +74,14 @@ def prepare_environment(deepspeed: bool) -> None:
 
 
 def resolve_config_path(path: str | os.PathLike) -> Path:
-    """``rl.deepspeed_config`` as given, or relative to the repository root."""
+    """``rl.deepspeed_config`` as given (relative to the working directory), or a
+    ``configs/...`` path of the package's own (``configs/deepspeed/zero2.json``)."""
     p = Path(path).expanduser()
     if p.is_file():
         return p
-    if not p.is_absolute() and (REPO_ROOT / p).is_file():
-        return REPO_ROOT / p
+    shipped = PACKAGE_CONFIGS.parent / p
+    if not p.is_absolute() and shipped.is_file():
+        return shipped
     raise FileNotFoundError(f"DeepSpeed config {path} not found (rl.deepspeed_config)")
 
 

@@ -36,6 +36,7 @@ from progress_sql import rewards
 from progress_sql.config import Settings, default_settings
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs import (
+    Message,
     ODTFeedbackEnv,
     ScriptedPolicy,
     SchemaTexts,
@@ -50,7 +51,6 @@ from progress_sql.inference import ChatModel, load_policy
 from progress_sql.inference.backends import cache_kwarg
 from progress_sql.train.tiny import copy_loss, ordinary_ids
 
-Message = dict[str, str]
 METRICS_FILE = "sft_metrics.json"
 
 

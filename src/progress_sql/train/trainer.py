@@ -59,10 +59,10 @@ from progress_sql.corpus.integrity import sha256_file
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.eval.runner import greedy_answers
+from progress_sql.files import write_json_lines
 from progress_sql.inference import ChatModel, load_policy, make_backend, reusing_prefixes
 from progress_sql.train.checkpoint import (
     STATE_FILE,
-    CheckpointError,
     list_checkpoints,
     resume_checkpoint,
     save_checkpoint,
@@ -229,17 +229,10 @@ def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayo
         evals = greedy_answers(settings, model, layout.root, questions)
         ids[0] = [ev.example.id for ev in evals if ev.greedy is not None and ev.greedy.verdict.correct]
         if record_to is not None:
-            _write_jsonl(record_to, [ev.record() for ev in evals], mode="w")
+            write_json_lines(record_to, [ev.record() for ev in evals])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(ids, src=0)
     return list(ids[0])
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]], mode: str = "a") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open(mode, encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -415,7 +408,7 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
     history: list[dict[str, Any]] = list(state["history"])
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(out / "metrics.jsonl", history, mode="w")  # drop lines past the checkpoint
+        write_json_lines(out / "metrics.jsonl", history)  # drop lines past the checkpoint
 
     started = time.monotonic()  # the budget covers the question pool's pass too
     if rl.question_pool == "solved":
@@ -534,11 +527,11 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
         metrics["trajectories_per_s"] = len(trajs) / max(metrics["step_s"], 1e-9)
         history.append(metrics)
         if main:
-            _write_jsonl(out / "metrics.jsonl", [metrics])
+            write_json_lines(out / "metrics.jsonl", [metrics], append=True)
             if rl.save_rollouts:
                 name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
-                _write_jsonl(out / "rollouts" / name,
-                             [_episode_record(ep, t, r) for ep, t, r in zip(episodes, trajs, scored)], mode="w")
+                write_json_lines(out / "rollouts" / name,
+                                 [_episode_record(ep, t, r) for ep, t, r in zip(episodes, trajs, scored)])
             if on_step is not None:
                 on_step(step, metrics)
             bar.update(1)

@@ -7,7 +7,7 @@ skipped, with reasons.
 """
 
 from progress_sql.data.loaders.bird import BIRD_DIFFICULTIES, bird_database_path, load_bird
-from progress_sql.data.loaders.mix import mix, plan_mix
+from progress_sql.data.loaders.mix import plan_mix
 from progress_sql.data.loaders.reading import LoadResult, Skipped, iter_json_array
 from progress_sql.data.loaders.spider import load_spider, spider_database_path, spider_tables_path
 from progress_sql.data.loaders.spider_variants import load_spider_variant, spider_variant_file
@@ -24,7 +24,6 @@ __all__ = [
     "load_spider",
     "load_spider_variant",
     "load_synsql",
-    "mix",
     "plan_mix",
     "spider_database_path",
     "spider_tables_path",

@@ -1,23 +1,16 @@
-"""A mixed training set drawn from several loaded corpora with fixed shares (params ``data.mix``).
+"""How many training examples each loaded corpus gives to a mix with fixed shares (``data.mix``).
 
 The paper samples 20,000 training examples at random from the union of BIRD + Spider + SynSQL;
 ``data.importing`` does that by default (``data.import_sampling: random``) and uses
 ``plan_mix`` for the fixed-shares option (``shares``). Shares are renormalised over the sources
 actually given; a source with fewer examples than its share gives all it has and the others
-fill the difference in their own proportions (logged, so a run says so). ``mix`` draws from
-examples already in memory.
+fill the difference in their own proportions.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import random
-from typing import Mapping, Sequence
-
-from progress_sql.corpus.records import Example
-
-log = logging.getLogger(__name__)
+from typing import Mapping
 
 
 def _as_mapping(ratios: object) -> dict[str, float]:
@@ -74,33 +67,3 @@ def plan_mix(available: Mapping[str, int], ratios: object, total: int) -> dict[s
             remaining -= available[name]
             del active[name]
     return plan
-
-
-def mix(sources: Mapping[str, Sequence[Example]], ratios: object, total: int, seed: int) -> list[Example]:
-    """Sample ``total`` examples from ``sources`` (name → examples) by ``ratios``, reproducibly.
-
-    The same inputs and seed always give the same list; each source is sampled with its own
-    generator, so adding a source does not change what is drawn from the others.
-    """
-    available = {name: len(examples) for name, examples in sources.items()}
-    weights = _as_mapping(ratios)
-    plan = plan_mix(available, weights, total)
-    positive = {name: weights[name] for name in plan if weights.get(name, 0) > 0 and available[name] > 0}
-    if positive:
-        wanted = _largest_remainder(total, positive)
-        for name in positive:
-            if plan[name] < wanted[name]:
-                log.warning("mix: source %s has %d examples, fewer than its share %d of %d: taking all of them",
-                            name, available[name], wanted[name], total)
-    taken = sum(plan.values())
-    if taken < total:
-        log.warning("mix: only %d examples available with a positive ratio, fewer than the %d asked for",
-                    taken, total)
-    chosen: list[Example] = []
-    for name in sorted(plan):
-        rng = random.Random(f"{seed}:{name}")
-        picks = sorted(rng.sample(range(available[name]), plan[name]))
-        chosen.extend(sources[name][i] for i in picks)
-    random.Random(seed).shuffle(chosen)
-    log.info("mix: %s", ", ".join(f"{name} {n}" for name, n in sorted(plan.items())))
-    return chosen
