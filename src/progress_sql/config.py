@@ -8,6 +8,7 @@ and out-of-range values are errors that name the key.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -190,14 +191,33 @@ class SFTSettings(_Section):
     lora: LoRASettings = LoRASettings()
 
 
+@dataclass(frozen=True)
+class Algorithm:
+    """What ``rl.algorithm`` decides, read by the trainer: the level of the importance ratio
+    (per token, or GSPO's per sequence), whether advantages are divided by the group's std, and
+    the token aggregation that ``rl.loss_aggregation: auto`` means (None: a sequence-level loss
+    has none to choose)."""
+
+    ratio: Literal["token", "sequence"]
+    scale_std: bool
+    aggregation: str | None
+
+
+# grpo: token ratio, (r - mean)/(std + eps) advantages; dr_grpo: no std scaling, token sums over
+# a constant; gspo: sequence ratio. DAPO = grpo + clip_eps_high > clip_eps + token_mean.
+ALGORITHMS = {
+    "grpo": Algorithm("token", scale_std=True, aggregation="seq_mean_token_mean"),
+    "gspo": Algorithm("sequence", scale_std=True, aggregation=None),
+    "dr_grpo": Algorithm("token", scale_std=False, aggregation="seq_mean_token_sum_norm"),
+}
+
+
 class RLSettings(_Section):
     init_from: str = "outputs/sft"  # policy to start from (path or hub id)
     out_dir: str = "outputs/rl"
     recipe: str = "progress"  # a name of the reward registry (progress_sql.rewards.names())
     env: str = "odt_feedback"  # a name of the environment registry (progress_sql.envs.names())
-    # grpo: token ratio, (r - mean)/(std + eps) advantages; dr_grpo: no std scaling, token sums
-    # over a constant; gspo: sequence ratio. DAPO = grpo + clip_eps_high > clip_eps + token_mean.
-    algorithm: Literal["grpo", "gspo", "dr_grpo"] = "grpo"
+    algorithm: Literal[tuple(ALGORITHMS)] = "grpo"  # type: ignore[valid-type]  # see ALGORITHMS
     # auto: grpo → seq_mean_token_mean, dr_grpo → seq_mean_token_sum_norm (GSPO has its own)
     loss_aggregation: Literal["auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "auto"
     group_size: int = Field(8, ge=2)  # G rollouts per question
@@ -252,8 +272,8 @@ class RLSettings(_Section):
     def _clip_range(self) -> "RLSettings":
         if self.clip_eps_high < self.clip_eps:
             raise ValueError("rl.clip_eps_high must be at least rl.clip_eps")
-        if self.algorithm == "gspo" and self.loss_aggregation != "auto":
-            raise ValueError("rl.loss_aggregation: gspo averages sequence ratios; leave it at auto")
+        if self.spec.aggregation is None and self.loss_aggregation != "auto":
+            raise ValueError(f"rl.loss_aggregation: {self.algorithm} averages sequence ratios; leave it at auto")
         return self
 
     @model_validator(mode="after")
@@ -263,11 +283,14 @@ class RLSettings(_Section):
         return self
 
     @property
-    def aggregation(self) -> str:
+    def spec(self) -> Algorithm:
+        """What ``algorithm`` decides (``ALGORITHMS``)."""
+        return ALGORITHMS[self.algorithm]
+
+    @property
+    def aggregation(self) -> str | None:
         """The token aggregation the loss uses (``loss_aggregation`` with ``auto`` resolved)."""
-        if self.loss_aggregation != "auto":
-            return self.loss_aggregation
-        return "seq_mean_token_sum_norm" if self.algorithm == "dr_grpo" else "seq_mean_token_mean"
+        return self.spec.aggregation if self.loss_aggregation == "auto" else self.loss_aggregation
 
 
 # ----------------------------------------------------------------------------- evaluation

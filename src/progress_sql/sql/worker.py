@@ -159,8 +159,10 @@ class Worker:
             return ExecResult(error="out_of_memory", elapsed_s=elapsed,
                               message="the worker running the query was killed, most likely for memory "
                                       f"(sandbox.worker_memory_mb = {self._settings.worker_memory_mb})")
+        # 255: the fork server lost the status (seen when two workers die at once)
+        how = "its exit status was lost" if code == 255 and start_method() == "forkserver" else f"exit code {code}"
         return ExecResult(error="runtime", elapsed_s=elapsed,
-                          message=f"the worker running the query died (exit code {code}); the query's result was lost")
+                          message=f"the worker running the query died ({how}); the query's result was lost")
 
     def close(self) -> None:
         """Stop the child now (idempotent); the next ``run`` starts a new one."""

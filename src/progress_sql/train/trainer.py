@@ -188,7 +188,7 @@ def micro_batch_loss(
     if old_logp is None:  # one update per batch: the weights have not moved since sampling
         old_logp = logp.detach()
     common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
-    if rl.algorithm == "gspo":
+    if rl.spec.ratio == "sequence":
         loss, stats = gspo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
                                 num_sequences=num_sequences)
     else:
@@ -453,7 +453,7 @@ def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | No
         trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, max_tokens)
                  for i, (ep, r) in enumerate(zip(episodes, scored))]
         adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
-                               scale_std=rl.algorithm != "dr_grpo", negative_scale=rl.negative_advantage_scale)
+                               scale_std=rl.spec.scale_std, negative_scale=rl.negative_advantage_scale)
 
         # -- optimisation (train mode, dropout off)
         t_update = time.monotonic()
