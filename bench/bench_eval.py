@@ -6,7 +6,7 @@ settings of ``--params`` into a temporary folder), median of ``--repeats`` runs 
 1. generation excluded: ``run_eval`` with the oracle (gold SQL as the output, so every
    query runs and matches) on dev, greedy + Vote@k + pass@k as in params.yaml; examples/s
    end to end (execution in the pool, voting, TS, ODT analysis, reports, plots);
-2. TS vs EX: the same predictions judged by ``eval.verdicts.BatchVerdicts`` with a cold gold cache,
+2. TS vs EX: the same predictions judged by ``sql.verdict.BatchVerdicts`` with a cold gold cache,
    EX only versus EX + TS over the neighbour databases; prints both times and the ratio;
 3. generation included: an untrained tiny model built from ``model`` settings (greedy,
    ``generation.max_new_tokens``) on the first ``--gen-examples`` dev examples; examples/s.
@@ -27,8 +27,7 @@ from progress_sql.config import load_settings
 from progress_sql.data.build import build_corpus
 from progress_sql.corpus.records import CorpusLayout, read_jsonl
 from progress_sql.eval import ORACLE, run_eval
-from progress_sql.eval.verdicts import Candidate, BatchVerdicts
-from progress_sql.sql import GoldCache, SQLPool
+from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,16 +54,16 @@ def bench_ts_vs_ex(settings, corpus: Path, repeats: int) -> None:
     layout = CorpusLayout(corpus)
     examples = list(read_jsonl(layout.split("dev")))
     cands = [Candidate(str(layout.database(ex.db_id)), ex.gold_sql, ex.gold_sql) for ex in examples]
-    suites = [(layout.test_suite(ex.db_id), ex.gold_sql, ex.gold_sql) for ex in examples]
-    n_dbs = statistics.mean(len(s) for s, _, _ in suites)
+    suites = [(c, layout.test_suite(ex.db_id)[1:]) for c, ex in zip(cands, examples)]
+    n_dbs = 1 + statistics.mean(len(neighbours) for _, neighbours in suites)
     with SQLPool(settings=settings.sandbox) as pool:
         pool.map([(c.db_path, "SELECT 1") for c in cands[: 2 * pool.workers]])  # start the workers
 
         def ex_only():
-            return BatchVerdicts(pool, settings.sandbox, GoldCache(settings=settings.sandbox)).judge(cands)
+            return BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox)).judge(cands)
 
         def ex_and_ts():
-            judge = BatchVerdicts(pool, settings.sandbox, GoldCache(settings=settings.sandbox))
+            judge = BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox))
             judge.judge(cands)
             return judge.test_suite(suites)
 

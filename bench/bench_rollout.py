@@ -1,4 +1,4 @@
-"""Multi-turn rollout throughput: kept prefixes (``generation.prefix_cache``) and the KV cache
+"""Multi-turn rollout throughput: kept prefixes (``generation.transformers.prefix_cache``) and the KV cache
 grown in place, against the code before them.
 
 One training rollout as ``run_rl`` makes it: ``--questions`` train questions × G
@@ -10,7 +10,7 @@ rotates between repeats):
 - ``before``: every turn prefills the whole conversation; the KV cache grows by ``torch.cat``
   (transformers' plain ``DynamicCache``): the backend before these two changes;
 - ``grow``: every turn prefills the whole conversation; the cache grows in place
-  (``generation._GrowingLayer``);
+  (``backends.transformers._GrowingLayer``);
 - ``kept``: ``grow`` plus kept prefixes (a turn prefills only the tokens added since the
   conversation's last sample): what ``run_rl`` does.
 
@@ -27,14 +27,15 @@ throughout: the stricter reference where a batch's rows finish at different time
 generated tokens/s of the whole rollout (environment included), of its time inside the
 backend's generate, and of both ``generate`` runs, and the ratios (goal: at least 1.0).
 
-``--backends transformers,vllm`` compares generation backends instead, on the same model,
-questions, seeds, stop strings, max tokens and temperature: ``transformers`` is the ``kept``
-mode (what ``run_rl`` does), ``vllm`` is ``VLLMBackend``. The engine start is timed apart; one
-untimed warm-up rollout per backend (on other questions) comes first; before each timed vLLM
-rollout ``sync_weights(model)`` runs and is timed apart, as in ``run_rl`` after each update
-(it also drops vLLM's prefix cache, so no rollout reuses an earlier one's prompts). Prints per
-backend: median rollout seconds, trajectories/s, generated tokens/s and its ratio to the
-transformers backend's; the engine start; the median weight sync. Threads: ``--threads`` torch
+``--backends transformers,vllm`` compares registered generation backends instead (built by
+``make_backend`` from ``generation.<name>``), on the same model, questions, seeds, stop
+strings, max tokens and temperature: ``transformers`` is the ``kept`` mode (what ``run_rl``
+does). Each backend's start is timed apart; one untimed warm-up rollout per backend (on other
+questions) comes first; before each timed rollout ``sync_weights(model)`` runs and is timed
+apart, as in ``run_rl`` after each update (vLLM's drops its prefix cache, so no rollout reuses
+an earlier one's prompts). Prints per backend: median rollout seconds, trajectories/s,
+generated tokens/s and its ratio to the transformers backend's; the start; the median weight
+sync. Threads: ``--threads`` torch
 threads here, and the vLLM CPU worker bound to as many cores (``VLLM_CPU_OMP_THREADS_BIND``,
 unless set); vLLM's engine-core and front-end processes run beside that worker.
 
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -69,12 +69,19 @@ from progress_sql.config import load_settings  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
-from progress_sql.inference import backends as generation  # noqa: E402
-from progress_sql.inference.backends import TransformersBackend, reusing_prefixes  # noqa: E402
+from progress_sql.inference.backends import (  # noqa: E402
+    BackendUnavailable,
+    TransformersBackend,
+    eos_token_ids,
+    make_backend,
+    stop_index,
+)
+from progress_sql.inference.backends import transformers as sampling_loop  # noqa: E402
 from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
+from progress_sql.inference.settings import BACKENDS  # noqa: E402
 from progress_sql.train.trajectories import max_sequence_tokens  # noqa: E402
-from progress_sql.train.trainer import _env_factory, question_indices  # noqa: E402
+from progress_sql.train.trainer import env_factory_for, question_indices  # noqa: E402
 
 
 class ForwardCounter:
@@ -114,7 +121,7 @@ class Bench:
         self.model.eval()
         self.recipe = rewards.get(self.rl.recipe)
         schema = SchemaTexts.for_corpus(self.layout, self.settings.env.prompt_style)
-        self.env_factory = _env_factory(self.settings, self.recipe, schema)
+        self.env_factory = env_factory_for(self.settings, self.recipe, schema)
         self.turns = self.env_factory().max_turns
         self.max_tokens = max_sequence_tokens(self.gen, self.turns)
         self.n_traj = args.questions * self.rl.group_size
@@ -131,11 +138,12 @@ class Bench:
         policy = TokenPolicy(backend, self.tokenizer, self.gen, stop_strings(self.recipe.fmt),
                              max_tokens=self.max_tokens, seed=repeat)
         start = time.perf_counter()
-        with torch.no_grad(), reusing_prefixes(backend, keep_prefixes), counter or contextlib.nullcontext():
+        kept = backend.reusing_prefixes() if keep_prefixes else contextlib.nullcontext()
+        with torch.no_grad(), kept, counter or contextlib.nullcontext():
             episodes = envs.rollout(self.env_factory, policy, self.examples(repeat), self.layout.database)
         seconds = time.perf_counter() - start
         self.generate_s = policy.generate_s
-        convs = [ep.generations[-1].conversation for ep in episodes]
+        convs = [policy.records[ep.id] for ep in episodes]
         return seconds, [c.input_ids for c in convs], sum(sum(c.loss_mask) for c in convs)
 
     def round1_prompts(self, repeat: int) -> list[list[int]]:
@@ -157,16 +165,16 @@ def compare_modes(bench: Bench) -> None:
     args, model = bench.args, bench.model
     backend = TransformersBackend(model, bench.tokenizer, bench.gen.batch_size)
     modes = ("before", "grow", "kept")
-    grown_cache = generation._new_cache
+    grown_cache = sampling_loop._new_cache
 
     def one_rollout(repeat: int, mode: str) -> tuple[float, list[list[int]], int, ForwardCounter]:
         if mode == "before":  # the plain DynamicCache the backend used before _GrowingLayer
-            generation._new_cache = lambda config: DynamicCache(config=config)
+            sampling_loop._new_cache = lambda config: DynamicCache(config=config)
         try:
             counter = ForwardCounter(model)
             seconds, ids, sampled = bench.rollout(backend, repeat, mode == "kept", counter)
         finally:
-            generation._new_cache = grown_cache
+            sampling_loop._new_cache = grown_cache
         return seconds, ids, sampled, counter
 
     print(bench.header())
@@ -207,7 +215,7 @@ def generate_reference(model, tokenizer, prompts: list[list[int]], *, batch_size
     """transformers' ``model.generate`` on ``prompts`` in batches of ``batch_size`` (left-padded),
     sampling as the rollout does, stopping at ``stop`` and the eos tokens (``full_length``: every
     row to ``max_new_tokens``): (seconds, generated tokens, each row's counted up to its stop)."""
-    eos = generation.eos_token_ids(model, tokenizer)
+    eos = eos_token_ids(model, tokenizer)
     seconds, tokens = 0.0, 0
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
@@ -236,7 +244,7 @@ def generate_reference(model, tokenizer, prompts: list[list[int]], *, batch_size
                 tokens += len(row)
                 continue
             end = next((i for i, t in enumerate(row) if t in eos), None)
-            hit = generation.stop_index(tokenizer, row[:end], stop) if stop else None
+            hit = stop_index(tokenizer, row[:end], stop) if stop else None
             tokens += (hit + 1) if hit is not None else (end + 1 if end is not None else len(row))
     return seconds, tokens
 
@@ -272,64 +280,58 @@ def compare_generate(bench: Bench) -> None:
 
 
 def compare_backends(bench: Bench, names: list[str]) -> None:
-    """The transformers backend (kept prefixes) against VLLMBackend, same rollouts."""
-    args, gen = bench.args, bench.gen
+    """The registered backends ``names`` (transformers: kept prefixes), same rollouts."""
+    args = bench.args
     print(bench.header())
     backends: dict = {}
     started: dict[str, float] = {}
+    syncs: dict[str, list[float]] = {}
+    # a vLLM engine's worker gets as many cores as torch has threads here (unless told otherwise)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
+
+    def timed_sync(name: str) -> None:  # as run_rl after each update
+        start = time.perf_counter()
+        backends[name].sync_weights(bench.model)
+        syncs[name].append(time.perf_counter() - start)
+
     try:
         for name in names:
-            if name == "transformers":
-                backends[name] = TransformersBackend(bench.model, bench.tokenizer, gen.batch_size)
-            elif importlib.util.find_spec("vllm") is None:
-                print("vllm: vllm not installed: skipped")
-            else:
-                from progress_sql.inference.backends import VLLMBackend  # noqa: PLC0415
-
-                # the engine's worker gets as many cores as torch has threads here (unless told otherwise)
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
-                start = time.perf_counter()
-                backends[name] = VLLMBackend(args.model, gen, seed=bench.rl.seed, tokenizer=bench.tokenizer,
-                                             model=bench.model)
-                started[name] = time.perf_counter() - start
-                print(f"vllm: engine started in {started[name]:.1f} s "
-                      f"(VLLM_CPU_OMP_THREADS_BIND={os.environ['VLLM_CPU_OMP_THREADS_BIND']}, "
-                      f"KV cache {gen.vllm_cpu_kv_cache_gib} GiB, dtype {gen.vllm_dtype}, "
-                      f"enforce_eager {gen.vllm_enforce_eager})")
+            gen = bench.gen.model_copy()
+            gen.backend = name  # validated: a registered name
+            start = time.perf_counter()
+            try:
+                backends[name] = make_backend(gen, bench.model, bench.tokenizer, args.model, seed=bench.rl.seed)
+            except BackendUnavailable as err:
+                print(f"{name}: skipped ({err})")
+                continue
+            started[name], syncs[name] = time.perf_counter() - start, []
+            print(f"{name}: started in {started[name]:.1f} s ({getattr(gen, name)}; "
+                  f"VLLM_CPU_OMP_THREADS_BIND={os.environ['VLLM_CPU_OMP_THREADS_BIND']})")
         if not backends:
             return
-        keep = {name: name == "transformers" for name in backends}  # vLLM caches prefixes itself
         warm = args.repeats  # questions no timed repeat draws
         for name, backend in backends.items():
-            seconds, _, sampled = bench.rollout(backend, warm, keep[name])
+            seconds, _, sampled = bench.rollout(backend, warm, True)
             print(f"  warm-up  {name:12s} {seconds:6.1f} s  {sampled} sampled tokens (untimed)")
         rows: dict[str, list[tuple[float, int]]] = {name: [] for name in backends}
-        syncs: list[float] = []
         order = list(backends)
         same = total = 0
         for repeat in range(args.repeats):
             ids = {}
             for name in order[repeat % len(order):] + order[:repeat % len(order)]:
-                backend = backends[name]
-                if name == "vllm":  # as run_rl after each update (drops the prefix cache too)
-                    start = time.perf_counter()
-                    backend.sync_weights(bench.model)
-                    syncs.append(time.perf_counter() - start)
-                seconds, ids[name], sampled = bench.rollout(backend, repeat, keep[name])
+                timed_sync(name)
+                seconds, ids[name], sampled = bench.rollout(backends[name], repeat, True)
                 rows[name].append((seconds, sampled))
                 print(f"  repeat {repeat} {name:12s} {seconds:6.1f} s  {sampled} sampled tokens")
             if len(ids) == 2:
                 same += sum(a == b for a, b in zip(*ids.values()))
                 total += len(next(iter(ids.values())))
-        if "vllm" in backends:
-            while len(syncs) < 5:
-                start = time.perf_counter()
-                backends["vllm"].sync_weights(bench.model)
-                syncs.append(time.perf_counter() - start)
+        for name in backends:  # at least 5 timed syncs each
+            while len(syncs[name]) < 5:
+                timed_sync(name)
     finally:
         for backend in backends.values():
-            if hasattr(backend, "close"):
-                backend.close()
+            backend.close()
 
     def rate(name: str) -> float:
         return statistics.median(tokens / seconds for seconds, tokens in rows[name])
@@ -343,8 +345,8 @@ def compare_backends(bench: Bench, names: list[str]) -> None:
         print(f"| {name} | {med:.2f} | {statistics.median(t for _, t in rows[name]):.0f} | {rate(name):.0f} "
               f"| {bench.n_traj / med:.2f} | {ratio} |")
     for name, seconds in started.items():
-        print(f"\n{name}: engine start {seconds:.1f} s; sync_weights median {statistics.median(syncs):.3f} s "
-              f"over {len(syncs)} calls (min {min(syncs):.3f}, max {max(syncs):.3f})")
+        print(f"\n{name}: start {seconds:.1f} s; sync_weights median {statistics.median(syncs[name]):.3f} s "
+              f"over {len(syncs[name])} calls (min {min(syncs[name]):.3f}, max {max(syncs[name]):.3f})")
     if total:
         print(f"episodes with identical token ids in both backends: {same}/{total} "
               "(at temperature > 0 the backends draw different samples)")
@@ -363,12 +365,12 @@ def main() -> int:
     parser.add_argument("--reference", choices=("generate",), default=None,
                         help="generate: the in-RL rollout against transformers' model.generate")
     parser.add_argument("--backends", default="transformers",
-                        help="transformers: its before/grow/kept modes; a list with vllm, e.g. "
-                             "transformers,vllm: the backends compared")
+                        help="transformers: its before/grow/kept modes; a list of registered backends, "
+                             "e.g. transformers,vllm: the backends compared")
     args = parser.parse_args()
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
-    if not names or set(names) - {"transformers", "vllm"}:
-        parser.error(f"--backends: a list of transformers, vllm; got {args.backends!r}")
+    if not names or set(names) - set(BACKENDS):
+        parser.error(f"--backends: a list of {', '.join(BACKENDS)}; got {args.backends!r}")
     needed = [Path(args.corpus) / "train.jsonl"] + ([] if args.model in BUNDLED_MODELS else [Path(args.model)])
     for path in needed:
         if not path.exists():

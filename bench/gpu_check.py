@@ -290,7 +290,8 @@ def vllm_rate(settings: Any, work: Path, tokenizer: Any, prompts: list[list[int]
         return "vllm not installed"
     from progress_sql.inference.backends import VLLMBackend  # noqa: PLC0415
 
-    gen = settings.generation.model_copy(update={"vllm_dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.3})
+    gen = settings.generation.model_copy(deep=True)
+    gen.vllm.dtype, gen.vllm.gpu_memory_utilization = "bfloat16", 0.3  # validated on assignment
     torch.cuda.empty_cache()
     backend = VLLMBackend(work / "model", gen, seed=0, tokenizer=tokenizer)
     try:

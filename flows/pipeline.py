@@ -19,7 +19,9 @@ Flows, served as deployments by ``flows/serve.py``:
 
 - ``training-pipeline``: the whole chain (``run_sft=False`` starts RL from ``rl.init_from``);
 - ``evaluate-model``: ``progress-sql eval`` of a policy folder or ``models:/name@alias``;
-- ``promote-model``: ``progress-sql registry promote`` (the champion alias to a version).
+- ``promote-model``: ``progress-sql registry promote`` (the champion alias to a version);
+- ``compare-methods``: ``progress-sql compare-run`` (a comparison of configs/comparisons/: each
+  shared stage and each arm × seed a task run, one report).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from progress_sql import stages
+from progress_sql import comparisons, stages
+from progress_sql.comparisons.spec import comparison_names, comparisons_dir
 from progress_sql.config import NO_PRESET, Settings, load_settings, preset_names, presets_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,10 +47,13 @@ NO_OVERRIDES: dict[str, Any] = {}
 # draws a drop-down of them); "none" is params.yaml as it is.
 PRESETS: tuple[str, ...] = (NO_PRESET, *preset_names(presets_dir(REPO / "params.yaml")))
 Preset = Literal[PRESETS]  # type: ignore[valid-type]
+# The comparisons shipped (configs/comparisons/); the form takes a name or a YAML file's path.
+COMPARISONS: tuple[str, ...] = comparison_names(comparisons_dir(REPO / "params.yaml"))
+NO_BUDGET: dict[str, Any] = {}
 # The settings paths a pipeline run writes; with a work_dir each relative one is placed under
 # it. An init_from that names one of them (the pipeline's own model) follows it there.
 WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.out_dir", "eval.out_dir",
-                  "tracking.model_cache_dir")
+                  "tracking.model_cache_dir", "compare.out_dir", "compare.shared_dir", "compare.report_dir")
 FOLLOWS = {"sft.init_from": "model.base_dir", "rl.init_from": "sft.out_dir"}
 # The retries of the registry tasks (see the module docstring).
 REGISTRY_RETRIES = 2
@@ -330,3 +336,81 @@ def promote_model(
         mlruns_in_work_dir: The MLflow store is work_dir/mlruns; off: the project's store.
     """
     return promote(resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir), version)
+
+
+# ----------------------------------------------------------------------------- comparisons
+@task(name="build-shared", task_run_name="shared-{key}", cache_policy=NO_CACHE)
+def build_shared(plan: comparisons.Plan, key: str) -> str:
+    """A corpus, tiny policy or SFT checkpoint that several arms read, built once (or reused)."""
+    return comparisons.build_shared(plan, key, get_run_logger().info)
+
+
+@task(name="arm-seed", task_run_name="{job.arm}-seed{job.seed}", cache_policy=NO_CACHE)
+def run_arm(plan: comparisons.Plan, job: comparisons.Job, parent_run_id: str | None) -> dict[str, Any]:
+    """``progress-sql compare-run``'s job: RL then evaluation of one arm × seed; a failure fails
+    this task run (the others go on, the report names it)."""
+    if plan.base.compare.max_parallel > 1:
+        result = comparisons.run_job_isolated(plan, job, parent_run_id)
+    else:
+        result = comparisons.run_job(plan, job, parent_run_id, get_run_logger().info)
+    if result.status != "done":
+        raise StageFailed(f"{job.label}: {result.error}")
+    return {"arm": result.arm, "seed": result.seed, "metrics": result.metrics}
+
+
+@flow(name="compare-methods")
+def compare_methods(
+    comparison: str = "methods",
+    preset: Preset = "cpu-demo",
+    seeds: int = 0,
+    budget: dict[str, Any] = NO_BUDGET,
+    work_dir: str = "",
+    overrides: dict[str, Any] = NO_OVERRIDES,
+    params: str = "params.yaml",
+    mlruns_in_work_dir: bool = False,
+) -> dict[str, Any]:
+    """A budget-matched comparison (``progress-sql compare-run``): every arm × seed trained and
+    evaluated on one budget, the shared corpus and SFT built once, one report (reports/compare/NAME/,
+    also on the MLflow parent run). A rerun runs only the missing arms. Returns the table.
+
+    Args:
+        comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants) or the path of a YAML file.
+        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); none: the papers' protocols as they are (7B model, GPUs).
+        seeds: Seeds 1..N; 0: the comparison's.
+        budget: Budget keys to override, as JSON, e.g. {"steps": 5} (trajectories_per_step, group_size, steps, max_minutes, seeds, splits, eval_max_examples).
+        work_dir: Folder of the comparison's outputs and report, relative to the repository root or absolute; empty: the repository's own folders.
+        overrides: Dotted settings keys for every arm, as JSON, under the budget, e.g. {"rl.lr": 0.0002}.
+        params: The settings file, relative to the repository root.
+        mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store.
+    """
+    import time
+
+    from progress_sql import tracking
+
+    start = time.monotonic()
+    overrides = dict(overrides or {})
+    moved = work_dir_overrides(load_settings(params, overrides, preset=preset), work_dir, mlruns_in_work_dir)
+    plan = comparisons.make_plan(comparison, params, preset, overrides={**overrides, **moved},
+                                 budget_overrides={**budget, **({"seeds": seeds} if seeds else {})})
+    logger = get_run_logger()
+    todo = [job for job in plan.jobs if not comparisons.is_done(job)]
+    logger.info("comparison %s at scale %s: %d arm × seed runs, %d done before; %s", plan.name, plan.scale,
+                len(plan.jobs), len(plan.jobs) - len(todo), " ".join(plan.notes[:2]))
+    tags = {**run_tags(preset), **comparisons.parent_tags(plan)}
+    with tracking.pipeline_run(plan.base, _run_name(f"compare-{plan.name}"), tags=tags) as run:
+        parent = run.info.run_id if run is not None else None
+        todo_plan = comparisons.Plan(**{**plan.__dict__, "jobs": todo})
+        for key in comparisons.shared_keys(todo_plan) if todo else ():
+            build_shared(plan, key)
+        step = plan.base.compare.max_parallel  # as many arm × seed task runs at once
+        for first in range(0, len(todo), step):
+            futures = [run_arm.submit(plan, job, parent) for job in todo[first:first + step]]
+            for future in futures:
+                future.wait()
+        outcome = comparisons.finish(plan, parent, time.monotonic() - start, logger.info)
+    create_markdown_artifact(key="comparison", description=f"{plan.name} at {plan.scale}",
+                             markdown=(outcome.report_dir / "report.md").read_text(encoding="utf-8"))
+    if outcome.failures:
+        raise StageFailed(f"{len(outcome.failures)} run(s) failed (the report holds the others; run again for "
+                          "the missing ones): " + "; ".join(f"{r.label}: {r.error}" for r in outcome.failures))
+    return {"report": str(outcome.report_dir), "table": outcome.table}

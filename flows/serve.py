@@ -14,7 +14,8 @@ Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run. Th
 demo (``preset`` cpu-demo, ``work_dir`` runs/demo: about a minute, nothing written into the
 repository's data/, outputs/ or reports/); pick ``cpu-long`` and clear ``work_dir`` for the
 full CPU run. Runs execute in this process's machine, in the repository root, one at a time
-(``--limit``).
+(``--limit``). ``compare-methods`` runs a comparison of configs/comparisons/ (the form:
+the comparison, the scale, seeds, budget), each arm × seed a task run.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ if __package__ in (None, ""):  # run as `python flows/serve.py`
 from prefect import serve  # noqa: E402
 from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 
-from flows.pipeline import evaluate_model, promote_model, training_pipeline  # noqa: E402
+from flows.pipeline import compare_methods, evaluate_model, promote_model, training_pipeline  # noqa: E402
 from progress_sql.servers import DEPLOYMENTS  # noqa: E402  (the names `progress-sql ui` waits for)
 
 # What the Custom run form starts with: the one-minute demo, in its own folder.
@@ -39,12 +40,14 @@ DEMO_DEFAULTS = {"preset": "cpu-demo", "work_dir": "runs/demo"}
 
 
 def deployments() -> list[RunnerDeployment]:
-    """The three deployments, named as in DEPLOYMENTS (one per flow), defaulting to the demo."""
+    """The deployments, named as in DEPLOYMENTS (one per flow), defaulting to the demo."""
     tags = ["progress-sql"]
     built = [
         training_pipeline.to_deployment(name="training-pipeline", tags=tags, parameters=DEMO_DEFAULTS),
         evaluate_model.to_deployment(name="evaluate-model", tags=tags, parameters=DEMO_DEFAULTS),
         promote_model.to_deployment(name="promote-model", tags=tags, parameters=DEMO_DEFAULTS),
+        compare_methods.to_deployment(name="compare-methods", tags=tags,
+                                      parameters={"comparison": "methods", **DEMO_DEFAULTS}),
     ]
     assert tuple(d.name for d in built) == DEPLOYMENTS
     return built

@@ -30,8 +30,24 @@ def test_params_yaml_equals_model_defaults():
 
 
 def test_params_yaml_lists_every_setting_explicitly():
+    from progress_sql.config_reference import missing_params
+
     raw = yaml.safe_load(PARAMS.read_text())
+    missing = missing_params(PARAMS.read_text())
+    assert not missing, f"params.yaml lacks (python -m progress_sql.config_reference --missing):\n{missing}"
     assert _leaf_keys(raw) == _leaf_keys(Settings().model_dump())
+
+
+def test_missing_params_gives_the_yaml_of_what_params_yaml_lacks():
+    from progress_sql.config_reference import missing_params
+
+    raw = yaml.safe_load(PARAMS.read_text())
+    del raw["rewards"]["oneshot"]
+    del raw["rl"]["lr"]
+    missing = yaml.safe_load(missing_params(yaml.safe_dump(raw)))
+    defaults = Settings()
+    assert missing == {"rl": {"lr": defaults.rl.lr}, "rewards": {"oneshot": defaults.rewards.oneshot.model_dump()}}
+    assert missing_params(PARAMS.read_text()) == ""
 
 
 def test_defaults_md_numbers_are_present():
@@ -75,6 +91,10 @@ def test_defaults_md_numbers_are_present():
         ({"sandbox": {"timeout_s": float("nan")}}, "sandbox.timeout_s: Input should be a finite number"),
         ({"rl": {"steps": True}}, "rl.steps: Value error, expected a number, got true"),
         ({"generation": {"temperature": False}}, "generation.temperature: Value error, expected a number"),
+        # a key of the flat layout, before each backend had its section, names its new place
+        ({"generation": {"vllm_dtype": "bfloat16"}}, "generation.vllm_dtype is now generation.vllm.dtype"),
+        ({"generation": {"prefix_cache": False}}, "generation.prefix_cache is now generation.transformers.prefix_cache"),
+        ({"generation": {"vllm": {"dtpye": "auto"}}}, "generation.vllm.dtpye: unknown key"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, fragment):

@@ -44,10 +44,9 @@ def settings(**env):
 
 def run_one(env, policy, example, db):
     """Drive one environment by hand: reset, then step until done."""
-    messages = env.reset(example, db)
+    env.reset(example, db)
     while not env.done:
-        env.step(policy.generate([messages])[0])
-        messages = env.messages
+        env.step(policy.generate([env.request()])[0])
     return env.episode
 
 
@@ -58,14 +57,14 @@ class Recording:
         self.policy, self.batches = policy, []
 
     def generate(self, batch):
-        self.batches.append([[dict(m) for m in conv] for conv in batch])
+        self.batches.append([[dict(m) for m in request.messages] for request in batch])
         return self.policy.generate(batch)
 
 
 def summary(ep):
     """An episode without timings, for comparing runs."""
     turns = [(t.text, t.sql, t.correct, t.result and (t.result.rows, t.result.columns, t.result.error)) for t in ep.turns]
-    return (ep.env, ep.example.id, ep.messages, turns, ep.tags, ep.k_star, ep.K, ep.correct, ep.done_reason, ep.generations)
+    return (ep.env, ep.example.id, ep.messages, turns, ep.tags, ep.k_star, ep.K, ep.correct, ep.done_reason)
 
 
 # ----------------------------------------------------------------------------- odt_feedback
@@ -237,21 +236,30 @@ def test_batched_rollout_equals_running_each_alone(school_db, name):
     assert [len(b) for b in recording.batches] == [3, 2, 2, 1] + ([1] if name == "exec_feedback" else [])
 
 
-def test_rollout_executes_each_gold_once_and_keeps_generation_records(school_db):
+def test_rollout_executes_each_gold_once_and_names_each_request_by_its_episode(school_db):
     @dataclass
     class Generation:  # what a trainer's policy returns: text plus the sampled token ids
         text: str
         token_ids: tuple[int, ...]
 
     class RecordPolicy:
+        def __init__(self):
+            self.requests = []
+
         def generate(self, batch):
+            self.requests += batch
             return [Generation(sql_out(GOLD), (1, 2, 3)) for _ in batch]
 
-    assert isinstance(RecordPolicy(), envs.Policy)
+    policy = RecordPolicy()
+    assert isinstance(policy, envs.Policy)
     cache = GoldCache()
-    episodes = rollout(envs.get("odt_feedback"), RecordPolicy(), [OLDER] * 3, lambda _: school_db, gold_cache=cache)
-    assert cache.misses == 1
-    assert all(e.correct and e.generations == [Generation(sql_out(GOLD), (1, 2, 3))] for e in episodes)
+    episodes = rollout(envs.get("odt_feedback"), policy, [OLDER, DEPTS, OLDER], lambda _: school_db, gold_cache=cache)
+    assert cache.misses == 2
+    # round 1 asks for every episode, then only DEPTS's (OLDER's gold is wrong for it) goes on
+    assert [e.id for e in episodes] == [r.episode_id for r in policy.requests[:3]] == [0, 1, 2]
+    assert {r.episode_id for r in policy.requests[3:]} == {1} and not episodes[1].correct
+    assert [r.example for r in policy.requests[:3]] == [OLDER, DEPTS, OLDER] and episodes[0].correct
+    assert all(r.fmt == "think_sql" and r.messages == e.messages[:2] for r, e in zip(policy.requests, episodes))
 
     class Short:
         def generate(self, batch):
@@ -357,7 +365,7 @@ def test_ddl_from_sqlite_and_tables_json(school_db, tmp_path):
 
 # ----------------------------------------------------------------------------- contracts
 def test_registry_policy_and_env_contracts(school_db, tmp_path):
-    assert envs.names() == ("single_turn", "odt_feedback", "exec_feedback")
+    assert envs.names()[:3] == ("single_turn", "odt_feedback", "exec_feedback")  # a new one goes after
     with pytest.raises(KeyError, match="known: single_turn, odt_feedback, exec_feedback"):
         envs.get("nope")
     env = envs.get("odt_feedback")()
@@ -370,8 +378,10 @@ def test_registry_policy_and_env_contracts(school_db, tmp_path):
         ScriptedPolicy(["a", "b"])
     policy = ScriptedPolicy([["only one"]])
     conversation = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    assert policy.generate([conversation]) == ["only one"]
+    assert policy.generate([envs.Request(conversation, "think_sql", episode_id=0)]) == ["only one"]
     with pytest.raises(IndexError, match="no output left"):
-        policy.generate([conversation + [{"role": "assistant", "content": "only one"}, {"role": "user", "content": "f"}]])
-    with pytest.raises(ValueError, match="matches no script"):
-        policy.generate([conversation + [{"role": "assistant", "content": "rewritten"}, {"role": "user", "content": "f"}]])
+        policy.generate([envs.Request(conversation, "think_sql", episode_id=0)])
+    with pytest.raises(ValueError, match="episode 1 has no script"):
+        policy.generate([envs.Request(conversation, "think_sql", episode_id=1)])
+    with pytest.raises(ValueError, match="needs its episode_id"):
+        policy.generate([envs.Request(conversation, "think_sql")])

@@ -11,7 +11,7 @@ The reference decision is an independent, minimal re-implementation of ``exec_ev
 quick rejection and a column-permutation search. Its random 20-row pruning of permutations
 only removes permutations that cannot match, so it is replaced here by the same pruning over
 every row (same answers, deterministic). The project's decision is taken twice: by
-``progress_sql.sql.execution_match`` and by the evaluation's batched ``eval.verdicts.BatchVerdicts``.
+``progress_sql.sql.execution_match`` and by the evaluation's batched ``sql.verdict.BatchVerdicts``.
 
 Documented divergences (``progress_sql.sql.equivalence``): the order test parses the gold
 instead of searching for the substring. No pair here triggers a divergence; the tests assert
@@ -34,8 +34,7 @@ from sqlglot import exp
 
 from progress_sql.config import default_settings
 from progress_sql.corpus.schema import DatabaseSchema, create_database, read_tables_json
-from progress_sql.eval.verdicts import Candidate, BatchVerdicts
-from progress_sql.sql import GoldCache, SQLPool, execution_match
+from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool, execution_match
 from progress_sql.sql.verdict import comparison_sql
 
 pytestmark = pytest.mark.conformance
@@ -211,7 +210,7 @@ def spider(conformance: Path, tmp_path_factory) -> tuple[list[tuple[str, str, st
 def judge():
     sandbox = default_settings().sandbox
     with SQLPool(workers=1, settings=sandbox) as pool:
-        yield BatchVerdicts(pool, sandbox, GoldCache(settings=sandbox))
+        yield BatchVerdicts(sandbox, pool=pool, gold_cache=GoldCache(settings=sandbox))
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -369,7 +368,6 @@ def test_test_suite_catches_a_coincidental_match(school_db, tmp_path, judge):
     gold = "SELECT name FROM department WHERE budget > 750"
     lucky = "SELECT name FROM department WHERE name = 'Physics' OR name = 'Math'"  # same rows on the original
     right = "SELECT name FROM department WHERE budget >= 751"
-    verdicts = judge.judge([Candidate(str(school_db), q, gold) for q in (lucky, right)])
-    assert [v.correct for v in verdicts] == [True, True]
-    suite = [school_db, neighbour]
-    assert judge.test_suite([(suite, lucky, gold), (suite, right, gold)]) == [False, True]
+    candidates = [Candidate(str(school_db), q, gold) for q in (lucky, right)]
+    assert [v.correct for v in judge.judge(candidates)] == [True, True]
+    assert judge.test_suite([(c, [neighbour]) for c in candidates]) == [False, True]

@@ -11,13 +11,18 @@ import pytest
 from progress_sql.config import EvalSettings
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import CATEGORIES, categories_of, mismatch_rates, prediction_tags
-from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics, rate
+from progress_sql.corpus.records import Example
+from progress_sql.eval import metrics
+from progress_sql.eval.metrics import METRICS, Metric, Outcome, flat_metrics, mean, mode_metrics, pass_metrics, rate
 from progress_sql.files import write_csv, write_json
 from progress_sql.odt import TAGS
+from progress_sql.sql import ExecResult, Verdict
 
 
-def outcome(ex, ts=None, executed=True, well_formed=True, tokens=10.0, hardness="easy", difficulty=""):
-    return Outcome(ex, ts, executed, well_formed, tokens, hardness, difficulty)
+def outcome(ex, ts=None, executed=True, well_formed=True, tokens=10.0, hardness="easy", difficulty="", rows=()):
+    example = Example(id="e", db_id="db", question="?", gold_sql="SELECT 1", hardness=hardness, difficulty=difficulty)
+    result = ExecResult(rows=rows) if executed else ExecResult(error="runtime", message="no such column")
+    return Outcome(example, Verdict(result, ex, result), ts, well_formed, tokens)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -63,6 +68,20 @@ def test_pass_metrics_and_flat_metrics():
     flat = flat_metrics({"dev": {"n": 3, "greedy": {"ex": 0.5, "ts": None, "by_hardness": {"easy": {"ex": 1}}},
                             "note": "x", "flag": True}})
     assert flat == {"dev/n": 3.0, "dev/greedy/ex": 0.5, "dev/greedy/by_hardness/easy/ex": 1.0}
+
+
+def test_a_registered_metric_reaches_metrics_json_mlflow_and_the_report(monkeypatch):
+    """The walk of docs/architecture.md: one ``Metric`` entry is the whole change. Here a
+    row count, the mean number of rows the chosen SQL returned (errors not counted)."""
+    rows = Metric("mean_rows", lambda o: len(o.verdict.result.rows) if o.executed else None,
+                  lambda values: mean(v for v in values if v is not None), "Rows", lambda v: f"{v:.1f}")
+    monkeypatch.setattr(metrics, "METRICS", (*METRICS, rows))
+    m = mode_metrics([outcome(True, rows=((1,), (2,))), outcome(False, rows=((1,),)), outcome(False, executed=False)])
+    assert m["mean_rows"] == 1.5 and list(m)[-2:] == ["mean_rows", "by_hardness"]  # after the others
+    assert flat_metrics({"dev": {"greedy": m}})["dev/greedy/mean_rows"] == 1.5
+    text = reports.markdown_report("tiny", {"dev": {"n": 3, "greedy": m, "gold_errors": 0}}, EvalSettings())
+    assert "| Split | Decoding | n | EX | TS | TS n | Executable | Format | Mean tokens | Rows | Notes |" in text
+    assert "| Dev | Greedy | 3 | 33.3 | – | 0 | 66.7 | 100.0 | 10.0 | 1.5 |  |" in text
 
 
 # ----------------------------------------------------------------------------- Table 8
@@ -124,6 +143,9 @@ def test_markdown_report_has_the_paper_table_shapes():
     assert "| Decoding | Metric | easy (n=2) | medium (n=2) | hard (n=0) | extra (n=0) | All (n=4) |" in text
     assert "| Greedy | EX | 50.0 | 50.0 | – | – | 50.0 |" in text
     assert "| Dev | Pass@8 | 100.0 |" in text and "- dk: no neighbours" in text
+    assert "| Split | Decoding | n | EX | TS | TS n | Executable | Format | Mean tokens | Notes |" in text
+    assert "| Dev | Greedy | 4 | 50.0 | 25.0 | 4 | 100.0 | 75.0 | 12.5 |  |" in text
+    assert "| DK | Greedy | 4 | 25.0 | – | 0 | 100.0 | 75.0 | 12.5 |  |" in text
     assert "Table 9:" not in text  # no BIRD difficulty labels in these metrics
     m = _metrics()
     m["dev"]["greedy"]["by_difficulty"] = {"simple": {"n": 3, "ex": 1.0, "ts": None},

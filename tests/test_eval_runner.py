@@ -223,12 +223,16 @@ def test_oracle_answers_are_well_formed_in_every_format():
     assert len(rows[0]) == 3 and parse_output(rows[0][0].text, "trail").kind == "solution"
 
 
-def test_request_policy_refuses_an_unknown_conversation():
+def test_request_policy_answers_each_request_and_counts_its_episode_tokens():
     example = Example(id="x", db_id="d", question="q?", gold_sql="SELECT 1", hardness="easy")
-    policy = RequestPolicy(OracleGenerator(), {"known prompt": example}, "trail")
-    assert parse_output(policy.generate([[{"role": "user", "content": "known prompt"}]])[0].text, "trail").sql == "SELECT 1"
-    with pytest.raises(KeyError):
-        policy.generate([[{"role": "user", "content": "another prompt"}]])
+    policy = RequestPolicy(OracleGenerator())
+    messages = [{"role": "user", "content": "a prompt"}]
+    (out,) = policy.generate([Request(messages, "trail", example, episode_id=4)])
+    assert parse_output(out.text, "trail").sql == "SELECT 1"
+    policy.generate([Request(messages, "trail", example, episode_id=4)])
+    assert policy.tokens == {4: 2 * out.n_tokens}
+    with pytest.raises(ValueError, match="needs its episode_id"):
+        policy.generate([Request(messages, "trail", example)])
 
 
 # ----------------------------------------------------------------------------- MLflow

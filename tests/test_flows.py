@@ -258,7 +258,7 @@ def test_work_dir_takes_the_outputs_and_the_preset_the_sizes(tmp_path):
     assert resolve_settings(PARAMS, {}).data.out_dir == "data/corpus"  # no work_dir, no preset: params.yaml
 
 
-def test_serve_builds_the_three_deployments_from_the_flow_file(monkeypatch):
+def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
     from flows.serve import DEMO_DEFAULTS, DEPLOYMENTS, deployments
 
     monkeypatch.chdir(REPO)  # entrypoints are relative to the working directory, as when serving
@@ -269,7 +269,10 @@ def test_serve_builds_the_three_deployments_from_the_flow_file(monkeypatch):
     assert built["promote-model"].entrypoint == "flows/pipeline.py:promote_model"
     assert all(d.tags == ["progress-sql"] for d in built.values())
     # The form starts on the demo, in its own folder; the presets are a drop-down.
-    assert all(d.parameters == DEMO_DEFAULTS == {"preset": "cpu-demo", "work_dir": "runs/demo"} for d in built.values())
+    assert built["compare-methods"].entrypoint == "flows/pipeline.py:compare_methods"
+    assert all(d.parameters == DEMO_DEFAULTS == {"preset": "cpu-demo", "work_dir": "runs/demo"}
+               for name, d in built.items() if name != "compare-methods")
+    assert built["compare-methods"].parameters == {"comparison": "methods", **DEMO_DEFAULTS}
     from prefect.utilities.callables import parameter_schema
 
     schema = parameter_schema(training_pipeline).model_dump()["properties"]  # what the form draws

@@ -16,15 +16,11 @@ from progress_sql.inference.backends import (  # noqa: E402
     StopChecker,
     TransformersBackend,
     VLLMBackend,
-    _draw,
-    _GrowingLayer,
-    _top_p_filter,
-    _uniform_streams,
     completes_stop,
     make_backend,
-    reusing_prefixes,
     stop_index,
 )
+from progress_sql.inference.backends.transformers import _draw, _GrowingLayer, _top_p_filter, _uniform_streams  # noqa: E402
 from progress_sql.envs import Request  # noqa: E402
 from progress_sql.inference.models import chat_prompt_ids  # noqa: E402
 from progress_sql.inference.policy import ChatModel  # noqa: E402
@@ -290,16 +286,18 @@ def test_chat_model_renders_conversations_and_returns_samples(parrot, tokenizer)
     assert out[0][0].prompt_ids == chat_prompt_ids(tokenizer, QUESTION) and out[0][0].text == ANSWER
     assert out[1][0].token_ids == [] and out[1][0].text == "" and out[1][0].finish_reason == "prompt_too_long"
     # the policy of a rollout applies the same limit when asked to (evaluation does)
-    turns = chat.policy("think_sql", temperature=0.0, limit_prompt=True).generate([QUESTION, too_long])
-    assert turns[0].text == ANSWER and turns[1].text == "" and turns[1].sample.finish_reason == "prompt_too_long"
+    turns = chat.policy("think_sql", temperature=0.0, limit_prompt=True).generate(
+        [Request(QUESTION, "think_sql", episode_id=0), Request(too_long, "think_sql", episode_id=1)])
+    assert turns[0].text == ANSWER and turns[1].text == "" and turns[1].finish_reason == "prompt_too_long"
 
 
 def test_chat_model_policy_seeds_each_call_afresh(model, tokenizer):
     chat = _chat_model(model, tokenizer, temperature=1.0, max_new_tokens=8)
     policy = chat.policy("think_sql", seed=5)
-    first, second = policy.generate([QUESTION]), policy.generate([QUESTION])
-    again = chat.policy("think_sql", seed=5).generate([QUESTION])
-    assert again[0].sample.token_ids == first[0].sample.token_ids != second[0].sample.token_ids
+    episode = lambda i: [Request(QUESTION, "think_sql", episode_id=i)]  # noqa: E731
+    first, second = policy.generate(episode(0)), policy.generate(episode(1))
+    again = chat.policy("think_sql", seed=5).generate(episode(0))
+    assert again[0].token_ids == first[0].token_ids != second[0].token_ids
 
 
 # ----------------------------------------------------------------------------- kept prefixes
@@ -342,7 +340,7 @@ def test_kept_prefixes_prefill_only_the_new_tokens_and_sample_the_same(model, to
     expected = full.generate(turn2 + [fresh], seed=4, **kwargs)
 
     backend = TransformersBackend(model, tokenizer, batch_size=8)
-    with reusing_prefixes(backend):
+    with backend.reusing_prefixes():
         assert [s.token_ids for s in backend.generate(_prompts(tokenizer)[:1], n=3, seed=2, **kwargs)[0]] == \
             [s.token_ids for s in turn1]
         with _PrefillWidths(model) as seen:
@@ -360,7 +358,7 @@ def test_a_kept_prefix_serves_one_prompt_and_none_outlive_the_context(model, tok
     kwargs = dict(temperature=0, max_new_tokens=6)
     backend = TransformersBackend(model, tokenizer, batch_size=8)
     prompt = _prompts(tokenizer)[0]
-    with reusing_prefixes(backend):
+    with backend.reusing_prefixes():
         first = backend.generate([prompt], **kwargs)[0][0]
         follow = prompt + first.token_ids + tokenizer.encode("Feedback: WHERE_MISSING.")
         with _PrefillWidths(model) as seen:
@@ -370,10 +368,11 @@ def test_a_kept_prefix_serves_one_prompt_and_none_outlive_the_context(model, tok
         backend.generate([follow], **kwargs)
     assert seen.widths == [len(follow) - len(prompt) - len(first.token_ids) + 1, len(follow)]
     assert after.widths == [len(follow)]
-    with reusing_prefixes(backend, enabled=False):  # generation.prefix_cache: false
-        backend.generate([prompt], **kwargs)
+    off_backend = TransformersBackend(model, tokenizer, batch_size=8, prefix_cache=False)  # transformers.prefix_cache: false
+    with off_backend.reusing_prefixes():
+        off_backend.generate([prompt], **kwargs)
         with _PrefillWidths(model) as off:
-            backend.generate([follow], **kwargs)
+            off_backend.generate([follow], **kwargs)
     assert off.widths == [len(follow)]
 
 
@@ -413,10 +412,24 @@ def test_generation_restores_training_mode(model, tokenizer):
 
 
 def test_make_backend_picks_the_configured_backend(model, tokenizer):
-    backend = make_backend(settings_from_dict({"generation": {"batch_size": 3}}).generation, model, tokenizer)
-    assert isinstance(backend, TransformersBackend) and backend.batch_size == 3
+    gen = settings_from_dict({"generation": {"batch_size": 3, "transformers": {"prefix_cache": False}}}).generation
+    backend = make_backend(gen, model, tokenizer)
+    assert isinstance(backend, TransformersBackend) and backend.batch_size == 3 and not backend.prefix_cache
     with pytest.raises(ValueError, match="model_path"):
         make_backend(settings_from_dict({"generation": {"backend": "vllm"}}).generation, model, tokenizer)
+
+
+def test_every_registered_backend_keeps_the_whole_protocol():
+    """What callers use is in the protocol (no hasattr): each registered class has all of it."""
+    import inspect
+
+    from progress_sql.inference.backends import backend_class
+    from progress_sql.inference.settings import BACKENDS
+
+    methods = {name for name, _ in inspect.getmembers(GenerationBackend, callable) if not name.startswith("_")}
+    assert methods == {"create", "generate", "sync_weights", "reusing_prefixes", "close"}
+    for name in BACKENDS:
+        assert all(callable(getattr(backend_class(name), m, None)) for m in methods), name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
@@ -426,3 +439,24 @@ def test_vllm_backend_without_vllm_names_the_extra(model, tokenizer, tmp_path):
         VLLMBackend(tmp_path, settings)
     with pytest.raises(BackendUnavailable, match="vllm"):
         make_backend(settings, model, tokenizer, tmp_path)
+
+
+def test_vllm_weights_need_the_full_parameters(model):
+    """The one ZeRO-3 gather is the trainer's (``engine.gathered()``): weights sent to vLLM from
+    a partitioned parameter (ZeRO-3 leaves an empty tensor and its full size in ``ds_numel``)
+    are refused, not sent empty."""
+    from progress_sql.inference.backends.vllm import vllm_weights
+
+    weights = vllm_weights(model)
+    assert weights.keys() == dict(model.named_parameters()).keys()
+    param = next(model.parameters())
+    full = param.data
+    param.ds_id, param.ds_numel, param.data = 0, full.numel(), full.new_empty(0)
+    try:
+        with pytest.raises(RuntimeError, match="engine.gathered"):
+            vllm_weights(model)
+        param.data = full  # gathered: the full tensor is back
+        assert torch.equal(vllm_weights(model)[next(iter(weights))], full.cpu())
+    finally:
+        param.data = full
+        del param.ds_id, param.ds_numel

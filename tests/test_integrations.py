@@ -261,3 +261,20 @@ def test_the_adapters_judge_with_the_examples_semantics(school_db):
     assert [b.total for b in batch] == [by["spider"].total, by["bird"].total]
     info = {"db_path": str(school_db), "recipe": "oneshot", "semantics": "bird"}
     assert verl_adapter.compute_score("x", doubled, gold, info)["score"] == by["bird"].total
+
+
+def test_a_gold_is_checked_as_the_verdict_compares_it(school_db):
+    """A Spider gold with a spaced operator (``! =``, as some Spider golds are written) does not
+    run as written, but its comparison view does: the adapters judge it as the environments
+    do. Under BIRD the gold is run as written, so the example cannot be judged."""
+    gold = "SELECT name FROM department WHERE name ! = 'Math'"
+    text = answer("SELECT name FROM department WHERE name != 'Math'")
+    env = envs.get("single_turn")()
+    env.reset(example_from_row(gold, question="Which departments are not Math?"), school_db)
+    env.step(text)
+    assert env.episode.correct
+    for scored in (scoring.score_completion(text, school_db, gold, "oneshot"),
+                   *scoring.score_batch([text], [school_db], [gold], "oneshot")):
+        assert scored.correct and not scored.floored
+    bird = scoring.score_completion(text, school_db, gold, "oneshot", semantics="bird")
+    assert bird.reason.startswith("gold_failed: syntax")

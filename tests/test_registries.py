@@ -17,7 +17,7 @@ from progress_sql.rewards import RewardSettings, Trajectory, Turn
 @pytest.mark.parametrize(("key", "value", "known"), [
     ("rl.recipe", "progres", "progress"),
     ("rl.env", "odt", "odt_feedback"),
-    ("generation.backend", "sglang", "vllm"),
+    ("generation.backend", "no-such-backend", "vllm"),
     ("eval.multi_turn_env", "nope", "exec_feedback"),
 ])
 def test_an_unregistered_name_is_refused_with_the_known_ones(key, value, known):
@@ -27,9 +27,10 @@ def test_an_unregistered_name_is_refused_with_the_known_ones(key, value, known):
 
 def test_registered_names_come_from_the_registries():
     names = registered_names()
-    assert names["rl.recipe"] == rewards.names() == ("progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl")
+    assert names["rl.recipe"] == rewards.names()
+    assert rewards.names()[:5] == ("progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl")  # the seed methods
     assert names["rl.env"] == envs.names()
-    assert names["generation.backend"] == BACKENDS
+    assert names["generation.backend"] == tuple(BACKENDS) == ("transformers", "vllm")
     assert "odt_feedback" not in names["eval.multi_turn_env"]  # its feedback reads the gold
     with pytest.raises(SettingsError, match="reads the gold"):
         settings_from_dict({}, overrides={"eval.multi_turn_env": "odt_feedback"})

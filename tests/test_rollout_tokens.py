@@ -13,7 +13,7 @@ from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.inference.backends import Sample, TransformersBackend  # noqa: E402
 from progress_sql.inference.models import chat_prompt_ids, prepare_tokenizer  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
-from progress_sql.inference.policy import TemplateDeltas, TokenPolicy, TurnOutput  # noqa: E402
+from progress_sql.inference.policy import TemplateDeltas, TokenPolicy  # noqa: E402
 from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory  # noqa: E402
 from progress_sql.train.tiny import fixed_texts, tiny_config, train_tokenizer  # noqa: E402
 
@@ -101,7 +101,7 @@ def test_prefix_property_tokens_equal_a_full_render(tokenizer, settings, school_
     policy = TokenPolicy(backend, tokenizer, settings.generation, stop_strings("think_sql"))
     (episode,) = _rollout(policy, settings, school_db)
     assert episode.K == 2 and episode.correct and episode.messages[3]["role"] == "user"
-    conv = episode.generations[-1].conversation
+    conv = policy.records[episode.id]
     full = chat_prompt_ids(tokenizer, episode.messages, add_generation_prompt=False)
     assert conv.input_ids + policy.deltas.missing_eot(conv.input_ids) == full
     # the second prompt was the first record plus the feedback turn, nothing re-rendered
@@ -112,13 +112,13 @@ def test_masks_and_logprobs_follow_the_sampled_tokens(tokenizer, settings, schoo
     backend = ScriptBackend(tokenizer, [[WRONG], [RIGHT]])
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     (episode,) = _rollout(policy, settings, school_db)
-    traj = tokenized_trajectory(episode, reward=1.5, group_id=3, max_tokens=10_000)
+    traj = tokenized_trajectory(episode, policy.records[episode.id], reward=1.5, group_id=3, max_tokens=10_000)
     assert isinstance(traj, TokenizedTrajectory) and traj.turn_count == 2 and not traj.truncated
     runs = _runs(traj.loss_mask)
     assert len(runs) == 2
-    for (a, b), out in zip(runs, episode.generations):
-        assert traj.input_ids[a:b] == out.sample.token_ids
-        assert traj.old_logprobs[a:b] == out.sample.logprobs
+    for (a, b), sample in zip(runs, policy.records[episode.id].samples):
+        assert traj.input_ids[a:b] == sample.token_ids
+        assert traj.old_logprobs[a:b] == sample.logprobs
     assert all(lp == 0.0 for lp, m in zip(traj.old_logprobs, traj.loss_mask) if m == 0)
     prompt = chat_prompt_ids(tokenizer, episode.messages[:2])
     assert traj.input_ids[: len(prompt)] == prompt and runs[0][0] == len(prompt)
@@ -131,7 +131,7 @@ def test_non_canonical_sampled_ids_are_kept_not_retokenised(tokenizer, settings,
     backend = ScriptBackend(tokenizer, [[WRONG], [RIGHT]], encode=by_char, eos=False)
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     (episode,) = _rollout(policy, settings, school_db)
-    conv = episode.generations[-1].conversation
+    conv = policy.records[episode.id]
     a, b = _runs(conv.loss_mask)[0]
     assert conv.input_ids[a:b] == by_char(WRONG) != tokenizer(WRONG, add_special_tokens=False)["input_ids"]
     # no sampled eos: the template's whole end-of-turn follows, unmasked
@@ -140,7 +140,7 @@ def test_non_canonical_sampled_ids_are_kept_not_retokenised(tokenizer, settings,
 
 
 def test_identical_conversations_keep_their_own_tokens(tokenizer, settings, school_db):
-    """Two episodes with the same text but different sampled ids stay apart (call order)."""
+    """Two episodes with the same text but different sampled ids stay apart (by episode id)."""
     by_char = lambda text: [i for ch in text for i in tokenizer(ch, add_special_tokens=False)["input_ids"]]  # noqa: E731
     canonical = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     encoders = iter([canonical, by_char, canonical, by_char])
@@ -148,7 +148,7 @@ def test_identical_conversations_keep_their_own_tokens(tokenizer, settings, scho
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     episodes = envs.rollout(lambda: envs.get("odt_feedback")(settings), policy, [_example(), _example()],
                             lambda _db_id: school_db)
-    first, second = (ep.generations[-1].conversation for ep in episodes)
+    first, second = (policy.records[ep.id] for ep in episodes)
     assert first is not second
     (a1, b1), _ = _runs(first.loss_mask)
     (a2, b2), _ = _runs(second.loss_mask)
@@ -156,12 +156,19 @@ def test_identical_conversations_keep_their_own_tokens(tokenizer, settings, scho
     assert second.input_ids[a2:b2] == by_char(WRONG) + [tokenizer.eos_token_id]
 
 
-def test_unknown_conversations_are_refused(tokenizer, settings):
-    policy = TokenPolicy(ScriptBackend(tokenizer, []), tokenizer, settings.generation)
-    stranger = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                {"role": "assistant", "content": "never generated"}, {"role": "user", "content": "again"}]
-    with pytest.raises(ValueError, match="continues no conversation"):
-        policy.generate([stranger])
+def test_unknown_or_rewritten_conversations_are_refused(tokenizer, settings):
+    policy = TokenPolicy(ScriptBackend(tokenizer, [["first"]]), tokenizer, settings.generation)
+    start = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    stranger = start + [{"role": "assistant", "content": "never generated"}, {"role": "user", "content": "again"}]
+    with pytest.raises(ValueError, match="needs its episode_id"):
+        policy.generate([envs.Request(start, "think_sql")])
+    with pytest.raises(ValueError, match="is new but its conversation has assistant turns"):
+        policy.generate([envs.Request(stranger, "think_sql", episode_id=0)])
+    assert policy.generate([envs.Request(start, "think_sql", episode_id=0)])[0].text == "first"
+    with pytest.raises(ValueError, match="does not continue"):  # its reply rewritten
+        policy.generate([envs.Request(stranger, "think_sql", episode_id=0)])
+    with pytest.raises(ValueError, match="nothing to answer"):
+        policy.generate([envs.Request(start + [{"role": "assistant", "content": "first"}], "think_sql", episode_id=0)])
 
 
 def test_stop_strings_per_format():
@@ -190,24 +197,22 @@ def test_real_sampler_records_are_exact_and_seeded(tokenizer, tiny_model, settin
 
     def run(seed):
         policy = TokenPolicy(backend, tokenizer, settings.generation, ("</sql>",), max_tokens=limit, seed=seed)
-        return _rollout(policy, settings, school_db, n=3)
+        return _rollout(policy, settings, school_db, n=3), policy.records
 
-    episodes = run(7)
+    episodes, records = run(7)
     for ep in episodes:
-        assert all(isinstance(g, TurnOutput) for g in ep.generations)
-        traj = tokenized_trajectory(ep, 0.0, 0, limit)
+        traj = tokenized_trajectory(ep, records[ep.id], 0.0, 0, limit)
         runs = _runs(traj.loss_mask)
-        sampled = [g.sample for g in ep.generations if g.sample.token_ids]
+        sampled = [s for s in records[ep.id].samples if s.token_ids]
         assert len(runs) == len(sampled) == ep.K  # an untrained model never answers right
         for (a, b), sample in zip(runs, sampled):
             assert traj.input_ids[a:b] == sample.token_ids and traj.old_logprobs[a:b] == sample.logprobs
             assert len(sample.token_ids) <= settings.generation.max_new_tokens
-    again = run(7)
-    assert [e.generations[-1].conversation.input_ids for e in again] == \
-        [e.generations[-1].conversation.input_ids for e in episodes]
-    other = run(8)
-    assert [e.generations[-1].conversation.input_ids for e in other] != \
-        [e.generations[-1].conversation.input_ids for e in episodes]
+    ids = [records[ep.id].input_ids for ep in episodes]
+    again, again_records = run(7)
+    assert [again_records[e.id].input_ids for e in again] == ids
+    other, other_records = run(8)
+    assert [other_records[e.id].input_ids for e in other] != ids
 
 
 def test_length_limit_and_truncation_keep_masks_consistent(tokenizer, tiny_model, settings, school_db):
@@ -216,13 +221,14 @@ def test_length_limit_and_truncation_keep_masks_consistent(tokenizer, tiny_model
     limit = prompt_len + 5  # room for 5 tokens of turn 1, none for turn 2
     policy = TokenPolicy(backend, tokenizer, settings.generation, max_tokens=limit, seed=1)
     (ep,) = _rollout(policy, settings, school_db)
-    first = ep.generations[0].sample
+    conv = policy.records[ep.id]
+    first = conv.samples[0]
     assert len(first.token_ids) <= 5
     assert ep.K == 2  # an untrained model is wrong at turn 1; turn 2 has no budget: an empty output
-    assert ep.generations[1].sample.token_ids == [] and ep.generations[1].text == ""
-    traj = tokenized_trajectory(ep, 0.0, 0, limit)
+    assert conv.samples[1].token_ids == [] and conv.samples[1].text == ""
+    traj = tokenized_trajectory(ep, conv, 0.0, 0, limit)
     assert len(traj.input_ids) == len(traj.loss_mask) == len(traj.old_logprobs) <= limit
     assert traj.sampled_tokens == len(first.token_ids)
-    short = tokenized_trajectory(ep, 0.0, 0, prompt_len + 2)
+    short = tokenized_trajectory(ep, conv, 0.0, 0, prompt_len + 2)
     assert short.truncated and len(short.input_ids) == prompt_len + 2
     assert short.loss_mask == traj.loss_mask[: prompt_len + 2] and short.old_logprobs == traj.old_logprobs[: prompt_len + 2]

@@ -167,7 +167,7 @@ def test_masked_tokens_get_no_gradient(warm):
     token_policy = TokenPolicy(TransformersBackend(model, tokenizer), tokenizer, s.generation, stop_strings("think_sql"), seed=3)
     examples = [Example(id="q", db_id="school", question=QUESTIONS[1][0], gold_sql=QUESTIONS[1][1], hardness="easy")] * 3
     episodes = envs.rollout(lambda: envs.get("odt_feedback")(s), token_policy, examples, layout.database)
-    trajs = [tokenized_trajectory(ep, float(i), 0, 10_000) for i, ep in enumerate(episodes)]
+    trajs = [tokenized_trajectory(ep, token_policy.records[ep.id], float(i), 0, 10_000) for i, ep in enumerate(episodes)]
     batch = collate(trajs, group_advantages([0.0, 1.0, 2.0], [0, 0, 0], 1e-6), tokenizer.pad_token_id, torch.device("cpu"))
     assert batch["attention_mask"].min() == 0  # padding is part of the check
 

@@ -1,10 +1,12 @@
-"""Rewards and evaluation decide "correct" alike (one verdict: ``progress_sql.sql.verdict``).
+"""Rewards, the adapters and evaluation decide "correct" alike: all of them call one function,
+``sql.verdict.BatchVerdicts.judge``, and this test guards that they reach it the same way.
 
-On every pair, four decisions must be equal. Reward side: ``rewards.make_turn`` called as the
-environments call it, and a real ``single_turn`` environment (reset, then one step with a
-``think_sql`` output). Evaluation side: the batched ``eval.verdicts.BatchVerdicts`` and
-``sql.execution_match``. The raw executions (what "executable" and the feedback read) must be
-equal too.
+On every pair, six decisions must be equal. Reward side: ``rewards.make_turn`` called as the
+environments call it (a batch of one, no pool), and a real ``single_turn`` environment (reset,
+then one step with a ``think_sql`` output). Adapter side: ``integrations.scoring.score_batch``
+(the whole batch through a pool). Evaluation side: ``BatchVerdicts.judge`` as the runner calls
+it (a pool, its own gold cache), ``sql.verdict`` (one prediction) and the Spider evaluator's
+``sql.execution_match``, written apart from it. The raw executions (what "executable" and the feedback read) must be equal too.
 
 Pairs: the Spider conformance pairs of tests/test_eval_conformance.py (its databases, the 322
 labelled dev pairs, each gold against itself, and its mutations), and mutations of golds on a
@@ -26,10 +28,10 @@ from sqlglot import exp
 from progress_sql import envs
 from progress_sql.corpus.records import Example
 from progress_sql.envs.settings import default_task_settings
-from progress_sql.eval.verdicts import Candidate, BatchVerdicts
 from progress_sql.formats import parse_output
+from progress_sql.integrations.scoring import score_batch
 from progress_sql.rewards import make_turn
-from progress_sql.sql import execute, execution_match, order_matters, results_match
+from progress_sql.sql import BatchVerdicts, Candidate, execute, execution_match, order_matters, results_match, verdict
 
 from test_eval_conformance import judge, mutations, spider  # noqa: F401  (fixtures and helpers)
 
@@ -45,14 +47,16 @@ def _raw(result) -> tuple | None:
 
 
 def assert_agreement(items: list[tuple[Path, str, str, str]], judge: BatchVerdicts) -> Counter:
-    """Assert that the four decisions agree on every ``(db_path, db_id, gold, pred)``; return
+    """Assert that the six decisions agree on every ``(db_path, db_id, gold, pred)``; return
     how often each verdict occurred."""
     texts = [think(pred) for _, _, _, pred in items]
     sqls = [parse_output(t, "think_sql").sql for t in texts]
     verdicts = judge.judge([Candidate(str(db), sql, gold) for (db, _, gold, _), sql in zip(items, sqls)])
+    scored = score_batch(texts, [db for db, _, _, _ in items], [gold for _, _, gold, _ in items], "oneshot", SETTINGS,
+                         pool=judge.pool)
     stats: Counter = Counter()
     disagreements = []
-    for i, ((db, db_id, gold, pred), text, sql, ev) in enumerate(zip(items, texts, sqls, verdicts)):
+    for i, ((db, db_id, gold, pred), text, sql, ev, adapter) in enumerate(zip(items, texts, sqls, verdicts, scored)):
         turn = make_turn(text, "think_sql", db, gold, SETTINGS.sandbox)
         env = envs.get("single_turn")(SETTINGS)
         env.reset(Example(id=f"p{i}", db_id=db_id, question="?", gold_sql=gold, hardness="easy"), db)
@@ -61,12 +65,15 @@ def assert_agreement(items: list[tuple[Path, str, str, str]], judge: BatchVerdic
         decisions = {
             "make_turn": turn.correct,
             "env": env.episode.correct,
+            "score_batch": adapter.correct,
             "judge": ev.correct,
+            "verdict": verdict(db, sql, gold).correct,
             "execution_match": execution_match(db, sql, gold),
         }
         if len(set(decisions.values())) != 1:
             disagreements.append((gold, pred, decisions))
         assert _raw(turn.result) == _raw(ev.result) == _raw(env.episode.turns[0].result), (gold, pred)
+        assert not adapter.floored, adapter.reason  # scored by the recipe, not given the floor
         stats[ev.correct] += 1
     assert not disagreements, disagreements[:5]
     return stats
@@ -222,8 +229,8 @@ def bird_reference(db: Path, pred: str, gold: str) -> bool:
 
 
 def test_bird_semantics_agrees_with_birds_evaluator_on_both_sides(pets_db, judge):
-    """Under ``"bird"`` the reward (make_turn, an environment on a BIRD example) and the
-    evaluation (BatchVerdicts) decide as BIRD's evaluator does, on the small database's golds
+    """Under ``"bird"`` the reward (make_turn, an environment on a BIRD example), the adapters
+    (score_batch) and the evaluation (BatchVerdicts) decide as BIRD's evaluator does, on the small database's golds
     and their mutations (a gold BIRD cannot run, the spaced operator, is left out)."""
     stats: Counter = Counter()
     for gold in (g for g in GOLDS if "! =" not in g):
@@ -237,7 +244,8 @@ def test_bird_semantics_agrees_with_birds_evaluator_on_both_sides(pets_db, judge
                       pets_db)
             env.step(think(pred))
             (verdict,) = judge.judge([Candidate(str(pets_db), pred, gold, "bird")])
-            assert turn.correct == env.episode.correct == verdict.correct == expected, (gold, pred)
+            (adapter,) = score_batch([think(pred)], [pets_db], [gold], "oneshot", SETTINGS, semantics=["bird"])
+            assert turn.correct == env.episode.correct == verdict.correct == adapter.correct == expected, (gold, pred)
             stats[expected] += 1
     assert stats[True] > 30 and stats[False] > 8
 
@@ -255,6 +263,6 @@ def test_bird_and_spider_differ_where_their_evaluators_do(pets_db, judge):
         assert (spider_v.correct, bird_v.correct) == (spider_ok, bird_ok), (gold, pred)
         assert make_turn(think(pred), "think_sql", pets_db, gold, SETTINGS.sandbox, semantics="bird").correct is bird_ok
     # TS takes the semantics too: the bird verdict on a neighbour is a set comparison
-    assert judge.test_suite([([pets_db, pets_db], "SELECT kind FROM pet", "SELECT kind FROM pet GROUP BY kind", "bird")
-                             ]) == [True]
-    assert judge.test_suite([([pets_db, pets_db], "SELECT kind FROM pet", "SELECT kind FROM pet GROUP BY kind")]) == [False]
+    pred, gold = "SELECT kind FROM pet", "SELECT kind FROM pet GROUP BY kind"
+    assert judge.test_suite([(Candidate(str(pets_db), pred, gold, "bird"), [pets_db])]) == [True]
+    assert judge.test_suite([(Candidate(str(pets_db), pred, gold), [pets_db])]) == [False]

@@ -50,8 +50,8 @@ def _settings(init_from=""):
     m = s.model
     m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size = 128, 2, 2, 256
     s.generation.max_prompt_tokens = 480
-    s.generation.vllm_cpu_kv_cache_gib = 0.25
-    s.generation.vllm_timeout_s = 240.0
+    s.generation.vllm.cpu_kv_cache_gib = 0.25
+    s.generation.vllm.timeout_s = 240.0
     return s
 
 

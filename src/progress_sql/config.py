@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
-from progress_sql import envs, rewards
+from progress_sql import envs, rewards, sources
 from progress_sql.envs.settings import EnvSettings
 from progress_sql.inference.settings import BACKENDS, GenerationSettings
 from progress_sql.odt.settings import ODTSettings
@@ -39,7 +39,7 @@ def registered_names() -> dict[str, tuple[str, ...]]:
     """The settings that name a registered part, and the names each accepts (from the
     registries themselves; docs/CONFIG.md lists them)."""
     return {
-        "generation.backend": BACKENDS,
+        "generation.backend": tuple(BACKENDS),
         "rl.recipe": rewards.names(),
         "rl.env": envs.names(),
         "eval.multi_turn_env": tuple(n for n in envs.names() if not envs.get(n).reads_gold),
@@ -47,13 +47,18 @@ def registered_names() -> dict[str, tuple[str, ...]]:
 
 
 # ----------------------------------------------------------------------------- data
-class MixRatios(_Section):
-    """Fixed shares of an imported training set (``data.import_sampling: shares``) drawn from
-    the given datasets' train sets; renormalised over the datasets given."""
+# The dataset sources an import reads come from their registry (progress_sql.sources): each
+# gives its setting data.import_<name>, and those with a train set (with dev/test sets) are the
+# choices of data.import_train (data.import_eval) and have a share in data.mix.
+_TRAIN_SOURCES = tuple(s.name for s in sources.with_train())
+_EVAL_SOURCES = tuple(s.name for s in sources.with_evaluation())
 
-    bird: float = Field(0.4, ge=0.0)
-    spider: float = Field(0.3, ge=0.0)
-    synsql: float = Field(0.3, ge=0.0)
+MixRatios = create_model(
+    "MixRatios", __base__=_Section,
+    __doc__="Fixed shares of an imported training set (``data.import_sampling: shares``) drawn from the given "
+            "datasets' train sets; renormalised over the datasets given.",
+    **{s.name: (float, Field(s.share, ge=0.0)) for s in sources.with_train()},
+)
 
 
 class HardnessMix(_Section):
@@ -71,7 +76,7 @@ class HardnessMix(_Section):
         return self
 
 
-class DataSettings(_Section):
+class _DataSettings(_Section):
     seed: int = Field(0, ge=0)
     out_dir: str = "data/corpus"
     n_databases: int = Field(8, ge=3)
@@ -97,19 +102,14 @@ class DataSettings(_Section):
     renamed_copies: int = Field(0, ge=0, le=20)  # renamed copies of each train database (data.domains.renaming)
     renamed_column_share: float = Field(0.5, ge=0.0, le=1.0)  # value columns a copy renames
     # Where the corpus comes from: bundled (generated from data.seed) or import (datasets on disk,
-    # progress_sql.data.importing). An import reads the folders below ("": not given), read-only.
+    # progress_sql.data.importing). An import reads the folders data.import_<source> name ("": not
+    # given; one per registered source, added below), read-only.
     source: Literal["bundled", "import"] = "bundled"
-    import_spider: str = ""  # Spider: tables.json, train_spider.json, train_others.json, dev.json, test.json, database/
-    import_bird: str = ""  # BIRD: train/train.json, dev/dev.json, */*_databases/, */*_tables.json
-    import_synsql: str = ""  # SynSQL-2.5M: data.json, tables.json, databases/
-    import_spider_syn: str = ""  # Spider-Syn dev.json (or its folder): the syn split instead of none
-    import_spider_realistic: str = ""  # spider-realistic.json (or its folder): the realistic split
-    import_spider_dk: str = ""  # Spider-DK.json (or its folder): the dk split
     # test-suite databases <db_id>/*.sqlite for TS; "": <import_spider>/test_suite_database if present
     import_test_suite: str = ""
     # of those given: the train sets drawn from
-    import_train: list[Literal["spider", "bird", "synsql"]] = ["spider", "bird", "synsql"]
-    import_eval: list[Literal["spider", "bird"]] = ["spider", "bird"]  # of those given: dev/test sets that make dev and test
+    import_train: list[Literal[_TRAIN_SOURCES]] = list(_TRAIN_SOURCES)
+    import_eval: list[Literal[_EVAL_SOURCES]] = list(_EVAL_SOURCES)  # of those given: dev/test sets that make dev and test
     # random: data.mix_total examples drawn uniformly from the union of the train sets (the paper);
     # shares: data.mix fixed shares of data.mix_total. Both seeded by data.seed.
     import_sampling: Literal["random", "shares"] = "random"
@@ -125,10 +125,15 @@ class DataSettings(_Section):
             )
         if self.empty_gold_share > self.max_empty_gold_share:
             raise ValueError("data.empty_gold_share must not exceed data.max_empty_gold_share")
-        if self.source == "import" and not (self.import_spider or self.import_bird or self.import_synsql):
-            raise ValueError("data.source is import: set data.import_spider, data.import_bird or data.import_synsql "
-                             "to a dataset folder")
+        if self.source == "import" and not any(getattr(self, s.setting) for s in sources.datasets()):
+            raise ValueError(f"data.source is import: set {sources.dataset_settings()} to a dataset folder")
         return self
+
+
+DataSettings = create_model(
+    "DataSettings", __base__=_DataSettings,
+    **{s.setting: (str, Field("", description=s.about)) for s in sources.SOURCES},
+)
 
 
 # ----------------------------------------------------------------------------- model and training
@@ -351,6 +356,18 @@ class TrackingSettings(_Section):
     model_cache_dir: str = "outputs/registry"  # where models:/ URIs are downloaded to be loaded
 
 
+# ----------------------------------------------------------------------------- comparisons
+class CompareSettings(_Section):
+    """``progress-sql compare-run`` and the ``compare-methods`` flow (progress_sql.comparisons):
+    where a comparison's runs and report go, and how many arm × seed runs go at once. The
+    budget itself (steps, trajectories, seeds, splits) is the comparison file's."""
+
+    out_dir: str = "outputs/compare"  # OUT/<name>/<scale>/<arm>/seed-<k>/: each arm × seed's RL and evaluation
+    shared_dir: str = "outputs/compare/shared"  # corpus, tiny policy and SFT checkpoints, keyed by their settings
+    report_dir: str = "reports/compare"  # REPORT/<name>/<scale>/: report.md, report.html, figures, table.json
+    max_parallel: int = Field(1, ge=1)  # arm × seed runs at once (> 1: each in its own process)
+
+
 # ----------------------------------------------------------------------------- root
 class Settings(_Section):
     seed: int = Field(0, ge=0)
@@ -365,6 +382,7 @@ class Settings(_Section):
     rl: RLSettings = RLSettings()
     eval: EvalSettings = EvalSettings()
     tracking: TrackingSettings = TrackingSettings()
+    compare: CompareSettings = CompareSettings()
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

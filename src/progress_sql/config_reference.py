@@ -1,6 +1,9 @@
 """The configuration reference (docs/CONFIG.md), generated from the settings model and the
 comments of params.yaml, so the documentation cannot drift from what is validated:
-``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two)."""
+``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two).
+``python -m progress_sql.config_reference --missing`` prints, as YAML to paste into
+params.yaml, the settings a new module added (a recipe's weights, a source's section) that
+params.yaml does not list yet, with their defaults."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any, Iterator
 
+import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -91,6 +95,28 @@ def reference_markdown(params_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def missing_params(params_text: str) -> str:
+    """The settings with no key in ``params_text`` (a params.yaml), as YAML of their defaults
+    nested under their sections ('' when none is missing)."""
+    listed = yaml.safe_load(params_text) or {}
+    missing: dict[str, Any] = {}
+
+    def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any]) -> None:
+        for key, value in defaults.items():
+            here = present.get(key) if isinstance(present, dict) else None
+            if isinstance(value, dict):
+                sub: dict[str, Any] = {}
+                walk(value, here, sub)
+                if sub:
+                    out[key] = sub
+            elif not (isinstance(present, dict) and key in present):
+                out[key] = value
+
+    walk(Settings().model_dump(mode="json"), listed, missing)
+    return yaml.safe_dump(missing, sort_keys=False) if missing else ""
+
+
 if __name__ == "__main__":  # pragma: no cover - the generator entry point
     root = Path(__file__).resolve().parents[2]
-    sys.stdout.write(reference_markdown((root / "params.yaml").read_text(encoding="utf-8")))
+    text = (root / "params.yaml").read_text(encoding="utf-8")
+    sys.stdout.write(missing_params(text) if "--missing" in sys.argv[1:] else reference_markdown(text))

@@ -1,7 +1,7 @@
 """The local servers of the UI path: a Prefect server, the deployments of ``flows/serve.py``
 served against it, and an MLflow server on the project's tracking store, all on 127.0.0.1.
 
-``progress-sql ui`` runs the three in the foreground (``run_ui``); the deployment test and
+``progress-sql ui`` runs them in the foreground (``run_ui``); the deployment test and
 scripts/screenshots.py use the same context managers. Each server is started in its own
 session, its output in a log file, and stopped (SIGINT, then SIGKILL of its process group)
 however the block ends. What a user trips over is set here once:
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 # The deployments flows/serve.py serves (it builds them under these names).
-DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model")
+DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model", "compare-methods")
 PREFECT_PORT = 4200  # Prefect's and MLflow's usual ports
 MLFLOW_PORT = 5000
 # Offline and quiet (the Makefile exports the same); a value already in the environment wins.

@@ -32,6 +32,11 @@ def set_preset(name: str | None) -> None:
     _preset = name or None
 
 
+def current_preset() -> str | None:
+    """The global ``--preset`` of this invocation (None: none given)."""
+    return _preset
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["data.train_size=200", ...]`` → ``{"data.train_size": 200}``; values are YAML."""
     out: dict[str, Any] = {}

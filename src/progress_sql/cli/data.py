@@ -4,12 +4,15 @@ corpus (the DVC stages ``build_data`` and ``validate_data`` run ``build`` and ``
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from progress_sql import stages
+from progress_sql import sources, stages
 from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
+from progress_sql.config import Settings
 
 app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=True)
 
@@ -23,15 +26,7 @@ def build(
 ) -> None:
     """Generate the bundled corpus: databases, splits, robustness variants, neighbours (or, with
     data.source import, import the datasets data.import_* name: see `data import`)."""
-    from progress_sql.corpus.records import CorpusError
-
-    settings = load_or_exit(params, parse_overrides(overrides))
-    target = Path(out or settings.data.out_dir)
-    try:
-        manifest = stages.build_data(settings, target, progress=progress)
-    except CorpusError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
+    manifest, target = _build_data(load_or_exit(params, parse_overrides(overrides)), out, progress)
     if manifest.get("source") == "import":
         _echo_import(manifest, target)
         return
@@ -45,39 +40,48 @@ def build(
     typer.echo(f"  neighbours: {sum(len(v) for v in manifest['neighbours'].values())} databases")
 
 
-@app.command("import")
-def import_datasets(
-    spider: str = typer.Option(None, "--spider", help="Spider folder (data.import_spider)"),
-    bird: str = typer.Option(None, "--bird", help="BIRD folder holding train/ and dev/ (data.import_bird)"),
-    synsql: str = typer.Option(None, "--synsql", help="SynSQL-2.5M folder (data.import_synsql)"),
-    spider_syn: str = typer.Option(None, "--spider-syn", help="Spider-Syn dev.json or its folder: the syn split"),
-    spider_realistic: str = typer.Option(None, "--spider-realistic",
-                                         help="spider-realistic.json or its folder: the realistic split"),
-    spider_dk: str = typer.Option(None, "--spider-dk", help="Spider-DK.json or its folder: the dk split"),
-    test_suite: str = typer.Option(None, "--test-suite",
-                                   help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)"),
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
-    out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
-) -> None:
-    """Import Spider / BIRD / SynSQL-2.5M (and Spider-Syn / -Realistic / -DK) from their
-    published layouts into the corpus the trainer and evaluation read; the sources are only
-    read. The options set data.source=import and data.import_*; the train split draws
-    data.mix_total examples from the union of the train sets (data.import_sampling)."""
+def import_datasets(params: str, out: str | None, overrides: list[str], progress: bool, test_suite: str | None,
+                    **given: str | None) -> None:
+    """Import the registered dataset sources (Spider / BIRD / SynSQL-2.5M, Spider-Syn / -Realistic /
+    -DK) from their published layouts into the corpus the trainer and evaluation read; the
+    sources are only read. The options set data.source=import and data.import_*; the train split
+    draws data.mix_total examples from the union of the train sets (data.import_sampling)."""
+    extra = {f"data.{sources.get(name).setting}": path for name, path in given.items() if path is not None}
+    if test_suite is not None:
+        extra["data.import_test_suite"] = test_suite
+    settings = load_or_exit(params, {**parse_overrides(overrides), **extra, "data.source": "import"})
+    _echo_import(*_build_data(settings, out, progress))
+
+
+def _keyword(name: str, annotation: Any, option: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+
+
+# An option per registered source (--spider, --spider-syn, ...: sources.SOURCES), then the command's own.
+import_datasets.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    *(_keyword(s.name, str | None, typer.Option(None, f"--{s.option}", help=f"{s.about} (data.{s.setting})"))
+      for s in sources.SOURCES),
+    _keyword("test_suite", str | None, typer.Option(
+        None, "--test-suite", help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)")),
+    _keyword("params", str, typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)")),
+    _keyword("out", str | None, typer.Option(None, "--out", help="Output folder (default: data.out_dir)")),
+    _keyword("overrides", list[str], typer.Option([], "--set", help=SET_HELP)),
+    _keyword("progress", bool, typer.Option(True, "--progress/--no-progress", help="Show a progress bar")),
+])
+app.command("import")(import_datasets)
+
+
+def _build_data(settings: Settings, out: str | None, progress: bool) -> tuple[dict, Path]:
+    """The ``build_data`` stage into ``out`` (default ``data.out_dir``): its manifest and the
+    folder; a CorpusError ends the command with its message and exit code 1."""
     from progress_sql.corpus.records import CorpusError
 
-    given = {"spider": spider, "bird": bird, "synsql": synsql, "spider_syn": spider_syn,
-             "spider_realistic": spider_realistic, "spider_dk": spider_dk, "test_suite": test_suite}
-    extra = {f"data.import_{key}": value for key, value in given.items() if value is not None}
-    settings = load_or_exit(params, {**parse_overrides(overrides), **extra, "data.source": "import"})
     target = Path(out or settings.data.out_dir)
     try:
-        manifest = stages.build_data(settings, target, progress=progress)
+        return stages.build_data(settings, target, progress=progress), target
     except CorpusError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    _echo_import(manifest, target)
 
 
 def _echo_import(manifest: dict, target: Path) -> None:

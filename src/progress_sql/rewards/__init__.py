@@ -7,7 +7,7 @@
 
 Recipes: ``progress`` (Progress-SQL §4.2), ``oneshot`` (its Appendix E.1 baseline),
 ``reasoning_sql``, ``sql_trail`` and ``skyrl``. Pure functions of their inputs: no database
-access, no torch, no MLflow; build turns for real with :func:`make_turn`.
+access, no torch, no MLflow; build turns for real with :func:`make_turn` (one) or :func:`make_turns` (a batch).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from progress_sql.formats import FORMATS, ParsedOutput, parse_output
 from progress_sql.rewards.judge import JudgeError, LocalJudge, OpenAIJudge, make_judge
 from progress_sql.rewards.registry import RewardSettings, get, names
-from progress_sql.rewards.turns import make_turn
+from progress_sql.rewards.turns import make_turn, make_turns
 from progress_sql.rewards.types import Judge, Recipe, RewardOutput, Trajectory, Turn
 
 
@@ -34,6 +34,7 @@ __all__ = [
     "get",
     "make_judge",
     "make_turn",
+    "make_turns",
     "names",
     "parse_output",
 ]

@@ -7,10 +7,20 @@ from progress_sql.sql.parse import SQLParseError, jaccard, ngram_jaccard, parse_
 from progress_sql.sql.pool import GoldCache, SQLPool, gold_result
 from progress_sql.sql.result import ERROR_KINDS, ExecResult
 from progress_sql.sql.sandbox import execute
-from progress_sql.sql.verdict import Semantics, Verdict, execution_match, test_suite_match, verdict
+from progress_sql.sql.verdict import (
+    BatchVerdicts,
+    Candidate,
+    Semantics,
+    Verdict,
+    execution_match,
+    test_suite_match,
+    verdict,
+)
 from progress_sql.sql.worker import execute_isolated
 
 __all__ = [
+    "BatchVerdicts",
+    "Candidate",
     "ERROR_KINDS",
     "ExecResult",
     "GoldCache",

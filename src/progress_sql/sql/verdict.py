@@ -31,6 +31,10 @@ environments show as feedback. The view is executed separately only when its tex
 from the raw SQL (a DISTINCT, a spaced operator), so most predictions cost one query. Gold
 results come from a ``GoldCache``, keyed by the gold's view, so the G rollouts (or k samples)
 of one question execute their gold once.
+
+``BatchVerdicts.judge`` decides, for a batch of any size: evaluation and the framework adapters
+call it with a ``SQLPool``, rollouts through ``rewards.make_turn`` with a batch of one, and
+``verdict`` is the one-prediction call.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from collections.abc import Iterable
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.equivalence import order_matters, results_match, spider_postprocess, strip_distinct
-from progress_sql.sql.pool import GoldCache, default_gold_cache
+from progress_sql.sql.pool import GoldCache, SQLPool, default_gold_cache
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.worker import execute_isolated
 
@@ -121,11 +125,13 @@ class Verdict:
     """``result``: the execution of the SQL as written (None without SQL), for "executable"
     and feedback; ``correct``: the decision; ``compared``: the execution of the comparison
     view (``result`` itself when the view is the raw SQL; None without SQL), what Vote@k
-    groups."""
+    groups; ``gold``: the gold's comparison-view result it was judged against (None without
+    SQL), for metrics that compare rows."""
 
     result: ExecResult | None
     correct: bool
     compared: ExecResult | None
+    gold: ExecResult | None = None
 
     @property
     def executed(self) -> bool:
@@ -146,6 +152,83 @@ def gold_comparison_result(
     return cache.get(db_path, comparison_sql(gold_sql, semantics), sandbox.timeout_s, sandbox.max_rows)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One prediction to judge: its SQL (None when none was extracted) against the gold on
+    ``db_path``, under ``semantics`` (the example's: ``Example.semantics``)."""
+
+    db_path: str | os.PathLike
+    sql: str | None
+    gold_sql: str
+    semantics: Semantics = "spider"
+
+
+class BatchVerdicts:
+    """The verdict of many predictions at once: the one place "correct" is decided.
+
+    Rollouts (``rewards.make_turn``), the framework adapters
+    (``integrations.scoring.score_batch``) and evaluation (EX, then TS) all call ``judge``.
+    Identical (database, SQL) jobs of a batch run once, through ``pool`` (worker processes)
+    or, without one, one by one in the process-wide supervised worker; gold results come from
+    ``gold_cache`` (default: the process-wide one), so the G rollouts or k samples of a
+    question execute their gold once. Every query runs under ``sandbox``'s limits.
+    """
+
+    def __init__(self, sandbox: SandboxSettings | None = None, *, pool: SQLPool | None = None,
+                 gold_cache: GoldCache | None = None) -> None:
+        self.sandbox = sandbox if sandbox is not None else default_sandbox()
+        self.pool = pool
+        self.gold_cache = gold_cache if gold_cache is not None else default_gold_cache()
+
+    def gold(self, db_path: str | os.PathLike, gold_sql: str, semantics: Semantics = "spider") -> ExecResult:
+        """The gold's comparison-view result on ``db_path`` (cached)."""
+        return gold_comparison_result(db_path, gold_sql, semantics, self.sandbox, self.gold_cache)
+
+    def _run(self, jobs: Sequence[tuple[str | os.PathLike, str]]) -> dict[tuple[str | os.PathLike, str], ExecResult]:
+        unique = list(dict.fromkeys(jobs))
+        if self.pool is None:
+            return {job: execute_isolated(*job, settings=self.sandbox) for job in unique}
+        return dict(zip(unique, self.pool.map(unique, self.sandbox.timeout_s, self.sandbox.max_rows)))
+
+    def _same(self, view: ExecResult, gold: ExecResult, gold_sql: str, semantics: Semantics) -> bool:
+        return same_answer(view, gold, gold_order_matters(gold_sql, semantics), semantics)
+
+    def judge(self, candidates: Sequence[Candidate]) -> list[Verdict]:
+        """The verdict of every candidate, in order. The raw SQL always runs; its comparison
+        view runs only when the text differs. No SQL (None) is not correct and runs nothing. A
+        gold that fails matches nothing. Never raises for any prediction text."""
+        views = [None if c.sql is None else comparison_sql(c.sql, c.semantics) for c in candidates]
+        done = self._run([(c.db_path, sql) for c, view in zip(candidates, views) if c.sql is not None
+                          for sql in dict.fromkeys((c.sql, view))])
+        golds: dict[tuple, ExecResult] = {}  # the k samples of a question share one lookup
+        verdicts = []
+        for c, view in zip(candidates, views):
+            if view is None:
+                verdicts.append(Verdict(None, False, None))
+                continue
+            key = (c.db_path, c.gold_sql, c.semantics)
+            if key not in golds:
+                golds[key] = self.gold(*key)
+            compared = done[(c.db_path, view)]
+            verdicts.append(Verdict(done[(c.db_path, c.sql)], self._same(compared, golds[key], c.gold_sql, c.semantics),
+                                    compared, golds[key]))
+        return verdicts
+
+    def test_suite(self, items: Sequence[tuple[Candidate, Sequence[str | os.PathLike]]]) -> list[bool]:
+        """TS of ``(candidate, neighbours)`` items whose EX already holds on the candidate's
+        own database: the prediction must also match on every neighbour database."""
+        keys = [(c, tuple(str(db) for db in neighbours)) for c, neighbours in items]
+        unique = list(dict.fromkeys(keys))  # greedy and Vote@k often give the same SQL
+        views = {c: comparison_sql(c.sql, c.semantics) for c, _ in unique}
+        done = self._run([(db, views[c]) for c, neighbours in unique for db in neighbours])
+
+        def passes(c: Candidate, db: str) -> bool:
+            return self._same(done[(db, views[c])], self.gold(db, c.gold_sql, c.semantics), c.gold_sql, c.semantics)
+
+        passed = {(c, neighbours): all(passes(c, db) for db in neighbours) for c, neighbours in unique}
+        return [passed[key] for key in keys]
+
+
 def verdict(
     db_path: str | os.PathLike,
     pred_sql: str | None,
@@ -155,21 +238,8 @@ def verdict(
     sandbox: SandboxSettings | None = None,
     gold_cache: GoldCache | None = None,
 ) -> Verdict:
-    """Execute ``pred_sql`` on ``db_path`` and decide whether it answers like ``gold_sql``.
-
-    The raw SQL always runs; its comparison view runs only when the text differs. No SQL
-    (None) is not correct and runs nothing. A gold that fails matches nothing. Never raises
-    for any prediction text.
-    """
-    if pred_sql is None:
-        return Verdict(None, False, None)
-    sandbox = sandbox if sandbox is not None else default_sandbox()
-    result = execute_isolated(db_path, pred_sql, settings=sandbox)
-    view = comparison_sql(pred_sql, semantics)
-    compared = result if view == pred_sql else execute_isolated(db_path, view, settings=sandbox)
-    gold = gold_comparison_result(db_path, gold_sql, semantics, sandbox, gold_cache)
-    correct = same_answer(compared, gold, gold_order_matters(gold_sql, semantics), semantics)
-    return Verdict(result, correct, compared)
+    """The verdict of one prediction: ``BatchVerdicts.judge`` on a batch of one (no pool)."""
+    return BatchVerdicts(sandbox, gold_cache=gold_cache).judge([Candidate(db_path, pred_sql, gold_sql, semantics)])[0]
 
 
 # ----------------------------------------------------------------------------- EX and TS
@@ -200,14 +270,14 @@ def execution_match(
     keep_distinct: bool = False,
     gold_cache: GoldCache | None = None,
 ) -> bool:
-    """EX: the prediction's result equals the gold's on ``db_path``.
+    """EX: the prediction's result equals the gold's on ``db_path`` (``test_suite_match`` on
+    that one database).
 
     Gold results come from ``gold_cache`` (default: the process-wide ``default_gold_cache()``;
     pass ``GoldCache(0)`` to disable caching).
     """
-    pred_sql, gold_sql, ordered = _prepare(pred, gold, keep_distinct)
-    cache = gold_cache if gold_cache is not None else default_gold_cache()
-    return _match_on(db_path, pred_sql, gold_sql, ordered, timeout_s, cache)
+    return test_suite_match([db_path], pred, gold, timeout_s=timeout_s, keep_distinct=keep_distinct,
+                            gold_cache=gold_cache)
 
 
 def test_suite_match(

@@ -305,6 +305,43 @@ def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = 
 
 
 @contextmanager
+def child_pipeline_run(settings: Settings, run_name: str, parent_run_id: str | None, *,
+                       tags: Mapping[str, str] | None = None) -> Iterator[Run | None]:
+    """A pipeline run nested under ``parent_run_id`` (a comparison's parent run: one child per
+    arm × seed, so MLflow's Compare view lines them up), from any thread or process: the
+    parent is named, not found through the active run. Stages started inside nest under it
+    (this thread's active run). Yields None when tracking is off or there is no parent."""
+    if not settings.tracking.enabled or not parent_run_id:
+        yield None
+        return
+    configure(settings)
+    all_tags = {KIND_TAG: "pipeline", **_process_tags(), **(tags or {})}
+    nested = mlflow.active_run() is not None
+    with mlflow.start_run(run_name=run_name, parent_run_id=parent_run_id, nested=nested, tags=all_tags) as run:
+        _log_params_with(MlflowClient(), run.info.run_id, settings, settings.data.out_dir)
+        yield run
+
+
+def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
+    """Tags on a run by id (e.g. where a comparison's report is, on its parent run)."""
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+def log_run_artifacts(run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+    """A file or folder as artifacts of a run by id (not the active one); a missing path is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return
+    client = MlflowClient()
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+@contextmanager
 def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | None = None) -> Iterator[Run | None]:
     """A nested run for one stage (see the module docstring for where it nests). Logs the
     stage's data version when the corpus is built. Yields None when tracking is off; a stage

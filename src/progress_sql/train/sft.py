@@ -373,71 +373,14 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     # the forward pass runs in bf16 by autocast where the device has it (sft.autocast: auto)
     dtype = "float32" if settings.model.dtype == "auto" else settings.model.dtype
     model, tokenizer = load_policy(sft.init_from, dtype=dtype)
-    examples = load_train_examples(corpus_dir, settings)
     # the output format RL will train (rl.recipe's): an SFT in other tags would teach the wrong ones
-    conversations = build_sft_examples(examples, settings, database=layout.database,
+    conversations = build_sft_examples(load_train_examples(corpus_dir, settings), settings, database=layout.database,
                                        schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style),
                                        fmt=rewards.get(settings.rl.recipe).fmt)
-    encoded, kept_groups, dropped = [], [], 0
-    for conv in conversations:
-        ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)
-        if len(ids) > sft.max_seq_len:
-            dropped += 1  # truncating would cut the target or change the prompt
-            continue
-        encoded.append((ids, mask))
-        kept_groups.append(conv.db_id)
-    if not encoded:
-        raise ValueError(f"no SFT example fits sft.max_seq_len={sft.max_seq_len}")
-
+    encoded, groups, dropped = _encode(conversations, tokenizer, sft.max_seq_len)
     if sft.lora.enabled:
         model = _with_lora(model, settings)
-    model.train()
-    rng = random.Random(f"{settings.seed}:sft-batches")
-    copy_rng, copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
-    copy_max_len = settings.model.copy_warmup.max_len  # strings as long as the warmup's
-    total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
-    params = [p for p in model.parameters() if p.requires_grad]
-    autocast = training_autocast(sft.autocast, model.device, params[0].dtype)
-    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
-    lengths = [len(ids) for ids, _ in encoded]
-    losses: list[float] = []  # the SFT loss alone
-    copy_losses: list[float] = []
-    tokens, sequence_tokens, stopped, step = 0, 0, False, 0
-    budget_s = sft.max_minutes * 60
-    train_started = time.perf_counter()
-    bar = tqdm(total=total, desc="sft", disable=not progress)
-    finished = False
-    while not finished:
-        for batch in _batches(lengths, kept_groups, sft.batch_size, rng):
-            spent = (time.perf_counter() - train_started) / budget_s if budget_s > 0 else 0.0
-            done = max((step + 0.5) / total, min(spent, 1.0))  # the middle of this step
-            for group in optimizer.param_groups:
-                group["lr"] = sft.lr * schedule_factor(done, sft.warmup_ratio)
-            with autocast:
-                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
-                total_loss = loss
-                if sft.copy_rows:
-                    # A token no SFT target holds (a piece of an unseen database's name) only ever has
-                    # its logit pushed down, until the policy cannot write it even when the schema
-                    # does; the copy strings keep every token's output and the copy head alive.
-                    copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows, copy_max_len, copy_rng)
-                    total_loss = loss + copy_term
-                    copy_losses.append(float(copy_term.detach()))
-            optimizer.zero_grad(set_to_none=True)
-            total_loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            tokens += processed
-            sequence_tokens += sum(lengths[i] for i in batch)
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            out_of_time = budget_s > 0 and time.perf_counter() - train_started >= budget_s
-            if step >= total or out_of_time:
-                stopped, finished = step < total, True
-                break
-    bar.close()
+    trained = _train(model, tokenizer, encoded, groups, settings, progress)
 
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
@@ -449,17 +392,99 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     counts = {"plain": sum(c.kind == "plain" for c in conversations),
               "revision": sum(c.kind == "revision" for c in conversations), "trained": len(encoded)}
     seconds = time.perf_counter() - started
+    losses = trained.losses
     tail = losses[-max(1, min(20, len(losses) // 10)):]
     result = SFTResult(
-        out_dir=str(out), losses=losses, final_loss=sum(tail) / len(tail), steps=step, examples=counts,
-        dropped_too_long=dropped, tokens=tokens, seconds=round(seconds, 2), stopped_early=stopped,
-        lora=sft.lora.enabled, copy_losses=copy_losses,
+        out_dir=str(out), losses=losses, final_loss=sum(tail) / len(tail), steps=trained.steps, examples=counts,
+        dropped_too_long=dropped, tokens=trained.tokens, seconds=round(seconds, 2), stopped_early=trained.stopped,
+        lora=sft.lora.enabled, copy_losses=trained.copy_losses,
     )
-    result.metrics = {"sft": sft.model_dump(), "init_from": sft.init_from, "sequence_tokens": sequence_tokens,
-                      "sequence_tokens_per_s": round(sequence_tokens / seconds, 1),
+    result.metrics = {"sft": sft.model_dump(), "init_from": sft.init_from, "sequence_tokens": trained.sequence_tokens,
+                      "sequence_tokens_per_s": round(trained.sequence_tokens / seconds, 1),
                       "first_loss": losses[0], "final_loss": result.final_loss}
     (out / METRICS_FILE).write_text(json.dumps(asdict(result), indent=2, sort_keys=True), encoding="utf-8")
     return result
+
+
+def _encode(conversations: Sequence[SFTExample], tokenizer: Any,
+            max_len: int) -> tuple[list[tuple[list[int], list[int]]], list[str], int]:
+    """Token ids and target masks of the conversations that fit ``max_len`` (truncating would cut
+    the target or change the prompt), the database of each (``_batches`` groups by it), and
+    how many were dropped."""
+    encoded, groups, dropped = [], [], 0
+    for conv in conversations:
+        ids, mask = encode_conversation(tokenizer, conv.messages, conv.targets)
+        if len(ids) > max_len:
+            dropped += 1
+            continue
+        encoded.append((ids, mask))
+        groups.append(conv.db_id)
+    if not encoded:
+        raise ValueError(f"no SFT example fits sft.max_seq_len={max_len}")
+    return encoded, groups, dropped
+
+
+@dataclass
+class _Trained:
+    """What the SFT loop did: ``losses`` (the SFT term alone), ``copy_losses``, target
+    ``tokens``, ``sequence_tokens``, ``steps``; ``stopped``: ended by the time budget."""
+
+    losses: list[float] = field(default_factory=list)
+    copy_losses: list[float] = field(default_factory=list)
+    tokens: int = 0
+    sequence_tokens: int = 0
+    steps: int = 0
+    stopped: bool = False
+
+
+def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]], groups: list[str],
+           settings: Settings, progress: bool) -> _Trained:
+    """``run_sft``'s loop: batches by length within a database, the learning rate on its
+    schedule, an AdamW step each, until the epochs or the time budget are spent."""
+    sft = settings.sft
+    model.train()
+    rng = random.Random(f"{settings.seed}:sft-batches")
+    copy_rng, copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
+    total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    autocast = training_autocast(sft.autocast, model.device, params[0].dtype)
+    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
+    lengths = [len(ids) for ids, _ in encoded]
+    done, budget_s, started = _Trained(), sft.max_minutes * 60, time.perf_counter()
+    bar = tqdm(total=total, desc="sft", disable=not progress)
+    while done.steps < total and not done.stopped:
+        for batch in _batches(lengths, groups, sft.batch_size, rng):
+            spent = (time.perf_counter() - started) / budget_s if budget_s > 0 else 0.0
+            at = max((done.steps + 0.5) / total, min(spent, 1.0))  # the middle of this step
+            for group in optimizer.param_groups:
+                group["lr"] = sft.lr * schedule_factor(at, sft.warmup_ratio)
+            with autocast:
+                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
+                total_loss = loss
+                if sft.copy_rows:
+                    # A token no SFT target holds (a piece of an unseen database's name) only ever has
+                    # its logit pushed down, until the policy cannot write it even when the schema
+                    # does; the copy strings keep every token's output and the copy head alive.
+                    copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows,
+                                          settings.model.copy_warmup.max_len, copy_rng)
+                    total_loss = loss + copy_term
+                    done.copy_losses.append(float(copy_term.detach()))
+            optimizer.zero_grad(set_to_none=True)
+            total_loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+            optimizer.step()
+            done.losses.append(float(loss.detach()))
+            done.tokens += processed
+            done.sequence_tokens += sum(lengths[i] for i in batch)
+            done.steps += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{done.losses[-1]:.3f}")
+            out_of_time = budget_s > 0 and time.perf_counter() - started >= budget_s
+            if done.steps >= total or out_of_time:
+                done.stopped = done.steps < total
+                break
+    bar.close()
+    return done
 
 
 # ----------------------------------------------------------------------------- quick evaluation

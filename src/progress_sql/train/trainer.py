@@ -9,7 +9,7 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
         questions  ← the next questions_per_step questions of the pool (a seeded permutation
                      per epoch)
         episodes   ← envs.rollout(rl.env, ChatModel.policy, every question × G)   model in eval mode;
-                     each conversation's KV cache kept between its turns (generation.prefix_cache)
+                     each conversation's KV cache kept between its turns (backend.reusing_prefixes)
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
                      × rl.negative_advantage_scale
@@ -60,7 +60,7 @@ from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.files import write_json_lines
-from progress_sql.inference import ChatModel, load_policy, make_backend, reusing_prefixes
+from progress_sql.inference import ChatModel, GenerationBackend, load_policy, make_backend
 from progress_sql.train.checkpoint import (
     STATE_FILE,
     list_checkpoints,
@@ -200,7 +200,8 @@ def micro_batch_loss(
     return loss, stats
 
 
-def _env_factory(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
+def env_factory_for(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
+    """Fresh ``rl.env`` environments speaking ``recipe``'s output format (a mismatch is refused)."""
     env_cls = envs.get(settings.rl.env)
     if recipe.fmt not in env_cls.formats:
         raise ValueError(f"rl.recipe {recipe.name!r} scores {recipe.fmt} outputs but rl.env {settings.rl.env!r} "
@@ -211,7 +212,7 @@ def _env_factory(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts
 def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput) -> dict[str, Any]:
     return {"example_id": ep.example.id, "db_id": ep.example.db_id, "group": traj.group_id,
             "reward": out.total, "components": out.components, "k_star": ep.k_star, "correct": ep.correct,
-            "turns": ep.K, "texts": [envs.output_text(g) for g in ep.generations],
+            "turns": ep.K, "texts": [t.text for t in ep.turns],
             "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
 
 
@@ -310,6 +311,281 @@ def _tree_sha256(folder: Path) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
+# ----------------------------------------------------------------------------- the run
+@dataclass
+class RLRun:
+    """What a run holds from its start to its end: the settings, the corpus, the policy behind
+    its engine and sampler, the reward and the environments (``open_run``)."""
+
+    settings: Settings
+    out: Path
+    layout: CorpusLayout
+    train: list[Example]  # the questions drawn from (rl.hardness, then rl.question_pool)
+    fingerprint: dict[str, Any]
+    engine: Engine
+    backend: GenerationBackend  # the sampler, holding the policy's current weights
+    chat: ChatModel
+    reference: torch.nn.Module | None  # the frozen starting policy of the KL term (rl.kl_beta > 0)
+    recipe: rewards.Recipe
+    judge: Any  # Reasoning-SQL's LLM judge, or None
+    env_factory: Callable[[], envs.Env]
+    max_turns: int
+    max_tokens: int  # the length limit of a trajectory
+
+    @property
+    def main(self) -> bool:
+        return rank() == 0
+
+
+@dataclass
+class RLState:
+    """Where a run is; a checkpoint keeps it (``trainer_state.json``) so the run goes on exactly."""
+
+    step: int = 0
+    data_position: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    question_pool: list[str] | None = None  # rl.question_pool solved: the ids kept, fixed at the start
+    checkpoint: Path | None = None  # the newest one written or resumed from
+
+    def saved(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        state = {"data_position": self.data_position, "history": self.history, "fingerprint": fingerprint}
+        if self.question_pool is not None:
+            state["question_pool"] = self.question_pool
+        return state
+
+
+@dataclass
+class StepBatch:
+    """One step's rollouts: the episodes, their scores and token records, the advantages."""
+
+    episodes: list[envs.Episode]
+    scored: list[rewards.RewardOutput]
+    trajs: list[TokenizedTrajectory]
+    advantages: torch.Tensor
+    rollout_s: float
+    generate_s: float  # of rollout_s, in the backend's generate
+
+
+def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: contextlib.ExitStack) -> RLRun:
+    """Load the policy behind its engine and sampler; what it opens goes on ``resources``."""
+    rl, gen = settings.rl, settings.generation
+    train = [ex for ex in read_jsonl(layout.split("train")) if ex.hardness in rl.hardness]
+    if not train:
+        raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
+                          "(rl.hardness)")
+    fingerprint = run_fingerprint(settings, layout)
+    deepspeed = use_deepspeed(rl.deepspeed)
+    prepare_environment(deepspeed)
+    if not deepspeed and world_size() > 1:
+        raise ValueError("several processes train together only through DeepSpeed: "
+                         "set rl.deepspeed to auto or always")
+    seed_everything(rl.seed)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
+    disable_dropout(model)
+    reference = None
+    if rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            reference = reference.to(torch.bfloat16)
+    recipe = rewards.get(rl.recipe)
+    # Reasoning-SQL's LLM judge, when its judge_backend names one (None: off, weight redistributed)
+    judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
+    env_factory = env_factory_for(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
+    max_turns = env_factory().max_turns
+    grad_accum = math.ceil(rl.questions_per_step * rl.group_size / rl.micro_batch_size)
+    engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
+                         grad_accum=grad_accum)
+    resources.callback(engine.close)
+    backend = make_backend(gen, engine.module, tokenizer, rl.init_from, seed=settings.seed)
+    resources.callback(backend.close)
+    return RLRun(settings, out, layout, train, fingerprint, engine, backend,
+                 ChatModel(rl.init_from, backend, tokenizer, gen), reference, recipe, judge, env_factory,
+                 max_turns, max_sequence_tokens(gen, max_turns))
+
+
+def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str]:
+    """The state to start from: step 0 (clearing what an earlier run left in ``run.out``) or a
+    checkpoint's (``run_rl``'s ``resume``); and, for ``resume="auto"``, a line saying which."""
+    out, start, auto = run.out, "", resume == "auto"
+    if auto:  # go on only from checkpoints this run would have written
+        resume, start = auto_resume_point(out, run.fingerprint, run.settings.rl.steps)
+    state = RLState()
+    # True: the newest intact checkpoint (it says which, and which corrupt ones it skipped); a path: that one
+    resumed = resume_checkpoint(run.engine, out, None if resume is True else resume) if resume else None
+    if resumed is not None:
+        checkpoint, saved = resumed
+        state = RLState(saved["step"], saved["data_position"], list(saved["history"]), saved.get("question_pool"),
+                        checkpoint)
+        with run.engine.gathered():
+            run.backend.sync_weights(run.engine.module)
+        if auto:
+            start = f"resumed from {checkpoint} (same settings and inputs)"
+    elif run.main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
+        for stale in ("checkpoints", "rollouts", "final"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+        (out / QUESTION_POOL_FILE).unlink(missing_ok=True)
+    if run.main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_lines(out / "metrics.jsonl", state.history)  # drop lines past the checkpoint
+    return state, start
+
+
+def question_pool(run: RLRun, state: RLState) -> list[Example]:
+    """The train questions a run draws from: all of ``run.train``, or with ``rl.question_pool:
+    solved`` those the starting policy answers greedily (decided once, kept in the state)."""
+    rl = run.settings.rl
+    if rl.question_pool != "solved":
+        return run.train
+    if state.question_pool is None:  # a resumed run keeps the questions it started with
+        candidates = run.train
+        if 0 < rl.pool_candidates < len(run.train):  # the pass costs about as much as the eval of as many
+            picked = np.random.default_rng([rl.seed, len(run.train)]).choice(len(run.train), rl.pool_candidates,
+                                                                            replace=False)
+            candidates = [run.train[i] for i in sorted(picked)]
+        with run.engine.gathered(), torch.no_grad():
+            state.question_pool = solved_question_ids(run.settings, run.chat, run.layout, candidates,
+                                                      run.out / QUESTION_POOL_FILE if run.main else None)
+    kept = set(state.question_pool)
+    train = [ex for ex in run.train if ex.id in kept]
+    if not train:
+        raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
+                          f"{', '.join(rl.hardness)} it was tried on (rl.question_pool: solved, "
+                          f"rl.pool_candidates: {rl.pool_candidates}); raise rl.pool_candidates or "
+                          "set rl.question_pool: all")
+    return train
+
+
+def next_questions(run: RLRun, pool: list[Example], state: RLState) -> list[Example]:
+    """This rank's questions of the next step: every rank draws the same global batch and takes
+    its slice."""
+    per_rank = run.settings.rl.questions_per_step
+    global_idx = question_indices(len(pool), state.data_position, per_rank * world_size(), run.settings.rl.seed)
+    state.data_position += len(global_idx)
+    return [pool[i] for i in global_idx[rank() * per_rank:(rank() + 1) * per_rank]]
+
+
+def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
+    """G episodes of each question (eval mode; ZeRO-3 gathers the full weights for the
+    sampler), scored by the recipe, tokenised, with their group advantages."""
+    rl = run.settings.rl
+    run.engine.module.eval()
+    started = time.monotonic()
+    policy = run.chat.policy(run.recipe.fmt, max_tokens=run.max_tokens, seed=step_seed(rl.seed, step, rank()))
+    with run.engine.gathered(), torch.no_grad(), run.backend.reusing_prefixes():
+        episodes = envs.rollout(run.env_factory, policy, [q for q in questions for _ in range(rl.group_size)],
+                                run.layout.database)
+    rollout_s = time.monotonic() - started
+    scored = [run.recipe(ep.trajectory(), run.settings, judge=run.judge) for ep in episodes]
+    trajs = [tokenized_trajectory(ep, policy.records[ep.id], r.total, i // rl.group_size, run.max_tokens)
+             for i, (ep, r) in enumerate(zip(episodes, scored))]
+    adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
+                           scale_std=rl.spec.scale_std, negative_scale=rl.negative_advantage_scale)
+    return StepBatch(episodes, scored, trajs, adv, rollout_s, policy.generate_s)
+
+
+def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
+    """``rl.updates_per_batch`` passes over the batch's micro-batches (train mode), then the
+    sampler takes the new weights; the loss statistics, token-weighted over the passes."""
+    rl, gen, engine = run.settings.rl, run.settings.generation, run.engine
+    started = time.monotonic()
+    engine.module.train()
+    trajs = batch.trajs
+    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens)
+    tensors = [collate([trajs[i] for i in c], batch.advantages[c], int(run.chat.tokenizer.pad_token_id),
+                       engine.device) for c in chunks]
+    num_tokens = float(sum(t.sampled_tokens for t in trajs))
+    with torch.no_grad():
+        # With one update per batch the loss's own forward gives the old log-probs (the
+        # weights do not change before the step): no extra forward pass.
+        old = ([None] * len(tensors) if rl.updates_per_batch == 1 else
+               [token_logprobs(engine, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
+                for b in tensors])
+        refs = [token_logprobs(run.reference, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
+                if run.reference is not None else None for b in tensors]
+    stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
+    for update in range(rl.updates_per_batch):
+        for k, (b, old_logp, ref_logp) in enumerate(zip(tensors, old, refs)):
+            loss, mb = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
+                                        num_sequences=len(trajs), num_tokens=num_tokens,
+                                        max_tokens=run.max_turns * gen.max_new_tokens)  # Dr.GRPO's constant
+            engine.backward(loss, last=k == len(tensors) - 1)
+            engine.step()
+            stats["loss"] += float(loss.detach()) / rl.updates_per_batch
+            for key in ("clip_frac", "kl", "ratio"):
+                stats[key] += mb[key] * mb["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
+            if update == 0:
+                stats["sampler_gap"] += mb["sampler_gap"]
+        with engine.gathered():
+            run.backend.sync_weights(engine.module)
+    stats.update(grad_norm=engine.grad_norm, micro_batches=len(tensors), update_s=time.monotonic() - started,
+                 num_tokens=num_tokens)
+    return stats
+
+
+def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -> dict[str, Any]:
+    """The line of ``metrics.jsonl`` for one step (less its timing of the whole step)."""
+    G, eps, trajs = run.settings.rl.group_size, batch.episodes, batch.trajs  # noqa: N806 - the paper's G
+    totals = np.array([t.reward for t in trajs])
+    sampled = np.array([t.sampled_tokens for t in trajs])
+    metrics: dict[str, Any] = {
+        "step": step,
+        "reward/mean": float(totals.mean()),
+        "reward/std": float(totals.std()),
+        **{f"reward/{c}": float(np.mean([r.components[c] for r in batch.scored])) for c in run.recipe.components},
+        "ex": float(np.mean([ep.correct for ep in eps])),
+        # groups whose G rollouts differ in correctness: the only ones that teach it
+        "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in eps[g:g + G]) < G
+                                          for g in range(0, len(eps), G)])),
+        **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in eps]))
+           for t in range(1, run.max_turns + 1)},
+        "turns/mean": float(np.mean([ep.K for ep in eps])),
+        "response_tokens/mean": float(sampled.mean()),
+        "sequence_tokens/mean": float(np.mean([len(t.input_ids) for t in trajs])),
+        "truncated": float(np.mean([t.truncated for t in trajs])),
+        **{k: opt[k] for k in ("loss", "kl", "clip_frac", "ratio", "grad_norm", "lr")},
+        "tokens_per_s": float(sampled.sum() / max(batch.rollout_s, 1e-9)),
+        "rollout_s": batch.rollout_s,
+        "generate_s": batch.generate_s,  # of rollout_s, in the backend's generate
+        "update_s": opt["update_s"],  # the optimisation passes and the weight sync
+        "micro_batches": opt["micro_batches"],
+    }
+    if run.judge is not None:  # a judge that fails scores 0 and the step goes on: count both
+        statuses = [str(r.info.get("judge", "")) for r in batch.scored]
+        metrics["judge/asked"] = float(sum(s == "asked" for s in statuses))
+        metrics["judge/failed"] = float(sum(s.startswith("judge failed") for s in statuses))
+    if run.settings.generation.temperature == 1.0:  # the sampler reports temperature-1 log-probs
+        metrics["logprob_gap"] = opt["sampler_gap"] / max(opt["num_tokens"], 1.0)
+    return metrics
+
+
+def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch) -> None:
+    """Rank 0 appends the step's metrics line and, with ``rl.save_rollouts``, its rollouts."""
+    if not run.main:
+        return
+    write_json_lines(run.out / "metrics.jsonl", [metrics], append=True)
+    if run.settings.rl.save_rollouts:
+        name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
+        write_json_lines(run.out / "rollouts" / name,
+                         [_episode_record(ep, t, r) for ep, t, r in zip(batch.episodes, batch.trajs, batch.scored)])
+
+
+def save_final(run: RLRun, state: RLState, stopped_by: str, pool: list[Example], pool_s: float) -> Path:
+    """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``)."""
+    final = run.out / "final"
+    run.engine.module.eval()
+    run.engine.save_pretrained(final, run.chat.tokenizer)
+    if run.main:
+        summary = {"steps": state.step, "stopped_by": stopped_by, "engine": run.engine.kind,
+                   "zero_stage": run.engine.zero_stage, "questions": len(pool), "question_pool_s": pool_s,
+                   "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {}}
+        (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+    return final
+
+
 # ----------------------------------------------------------------------------- the loop
 def run_rl(
     settings: Settings,
@@ -332,232 +608,41 @@ def run_rl(
     The generation backend and the engine are closed however the run ends: a vLLM engine's
     processes stop, and a process group the run opened is destroyed.
     """
-    with contextlib.ExitStack() as resources:
-        return _run_rl(settings, corpus_dir, out_dir, resume, progress, on_step, resources)
-
-
-def _run_rl(settings: Settings, corpus_dir: str | Path, out_dir: str | Path | None, resume: bool | str | Path,
-            progress: bool, on_step: Callable[[int, dict[str, Any]], None] | None,
-            resources: contextlib.ExitStack) -> RLResult:
-    """``run_rl``'s loop; what it opens goes on ``resources``, which ``run_rl`` closes."""
-    rl, gen = settings.rl, settings.generation
+    rl = settings.rl
     out = Path(out_dir if out_dir is not None else rl.out_dir)
-    layout = CorpusLayout(Path(corpus_dir))
-    train = [ex for ex in read_jsonl(layout.split("train")) if ex.hardness in rl.hardness]
-    if not train:
-        raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
-                          "(rl.hardness)")
-    fingerprint = run_fingerprint(settings, layout)
-    start, auto = "", resume == "auto"
-    if auto:  # go on only from checkpoints this run would have written
-        resume, start = auto_resume_point(out, fingerprint, rl.steps)
-
-    # -- policy, reference, engine, sampler
-    deepspeed = use_deepspeed(rl.deepspeed)
-    prepare_environment(deepspeed)
-    if not deepspeed and world_size() > 1:
-        raise ValueError("several processes train together only through DeepSpeed: "
-                         "set rl.deepspeed to auto or always")
-    seed_everything(rl.seed)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
-    disable_dropout(model)
-    reference = None
-    if rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            reference = reference.to(torch.bfloat16)
-    recipe = rewards.get(rl.recipe)
-    # Reasoning-SQL's LLM judge, when its judge_backend names one (None: off, weight redistributed)
-    judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
-    env_factory = _env_factory(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
-    max_turns = env_factory().max_turns
-    max_tokens = max_sequence_tokens(gen, max_turns)
-    budget_tokens = max_turns * gen.max_new_tokens  # Dr.GRPO's constant normaliser
-    n_seq = rl.questions_per_step * rl.group_size  # trajectories per rank and step
-    grad_accum = math.ceil(n_seq / rl.micro_batch_size)
-    engine: Engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
-                                 grad_accum=grad_accum)
-    resources.callback(engine.close)
-    policy_model = engine.module
-    backend = make_backend(gen, policy_model, tokenizer, rl.init_from, seed=settings.seed)
-    if hasattr(backend, "close"):
-        resources.callback(backend.close)
-    chat = ChatModel(rl.init_from, backend, tokenizer, gen)
-    pad_id = int(tokenizer.pad_token_id)
-    main = rank() == 0
-
-    # -- fresh start or resume
-    state: dict[str, Any] = {"step": 0, "data_position": 0, "history": []}
-    checkpoint = None
-    # True: the newest intact checkpoint (it says which, and which corrupt ones it skipped); a path: that one
-    resumed = resume_checkpoint(engine, out, None if resume is True else resume) if resume else None
-    if resumed is not None:
-        checkpoint, state = resumed
-        with engine.gathered():
-            backend.sync_weights(policy_model)
-    elif main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
-        for stale in ("checkpoints", "rollouts", "final"):
-            shutil.rmtree(out / stale, ignore_errors=True)
-        (out / QUESTION_POOL_FILE).unlink(missing_ok=True)
-    if auto and checkpoint is not None:
-        start = f"resumed from {checkpoint} (same settings and inputs)"
-    history: list[dict[str, Any]] = list(state["history"])
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_lines(out / "metrics.jsonl", history)  # drop lines past the checkpoint
-
-    started = time.monotonic()  # the budget covers the question pool's pass too
-    if rl.question_pool == "solved":
-        if "question_pool" not in state:  # a resumed run keeps the questions it started with
-            candidates = train
-            if 0 < rl.pool_candidates < len(train):  # the pass costs about as much as the eval of as many
-                picked = np.random.default_rng([rl.seed, len(train)]).choice(len(train), rl.pool_candidates,
-                                                                             replace=False)
-                candidates = [train[i] for i in sorted(picked)]
-            with engine.gathered(), torch.no_grad():
-                state["question_pool"] = solved_question_ids(settings, chat, layout, candidates,
-                                                             out / QUESTION_POOL_FILE if main else None)
-        pool = set(state["question_pool"])
-        train = [ex for ex in train if ex.id in pool]
-        if not train:
-            raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
-                              f"{', '.join(rl.hardness)} it was tried on (rl.question_pool: solved, "
-                              f"rl.pool_candidates: {rl.pool_candidates}); raise rl.pool_candidates or "
-                              "set rl.question_pool: all")
-    pool_s = time.monotonic() - started
-
-    bar = tqdm(total=rl.steps, initial=state["step"], disable=not (progress and main), desc="rl", unit="step")
-    step, position, stopped_by, last_checkpoint = state["step"], state["data_position"], "steps", checkpoint
-    while step < rl.steps:
-        step += 1
-        t_step = time.monotonic()
-        # -- questions of this step (every rank draws the same global batch, takes its slice)
-        global_idx = question_indices(len(train), position, rl.questions_per_step * world_size(), rl.seed)
-        position += len(global_idx)
-        mine = global_idx[rank() * rl.questions_per_step:(rank() + 1) * rl.questions_per_step]
-        questions: list[Example] = [train[i] for i in mine]
-
-        # -- rollouts (eval mode; ZeRO-3 gathers the full weights for the sampler)
-        policy_model.eval()
-        t_roll = time.monotonic()
-        token_policy = chat.policy(recipe.fmt, max_tokens=max_tokens, seed=step_seed(rl.seed, step, rank()))
-        with engine.gathered(), torch.no_grad(), reusing_prefixes(backend, gen.prefix_cache):
-            episodes = envs.rollout(env_factory, token_policy, [q for q in questions for _ in range(rl.group_size)],
-                                    layout.database)
-        rollout_s = time.monotonic() - t_roll
-        scored = [recipe(ep.trajectory(), settings, judge=judge) for ep in episodes]
-        trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, max_tokens)
-                 for i, (ep, r) in enumerate(zip(episodes, scored))]
-        adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
-                               scale_std=rl.spec.scale_std, negative_scale=rl.negative_advantage_scale)
-
-        # -- optimisation (train mode, dropout off)
-        t_update = time.monotonic()
-        policy_model.train()
-        chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens)
-        batches = [collate([trajs[i] for i in c], adv[c], pad_id, engine.device) for c in chunks]
-        num_tokens = float(sum(t.sampled_tokens for t in trajs))
-        with torch.no_grad():
-            # With one update per batch the loss's own forward gives the old log-probs (the
-            # weights do not change before the step): no extra forward pass.
-            old = ([None] * len(batches) if rl.updates_per_batch == 1 else
-                   [token_logprobs(engine, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
-                    for b in batches])
-            refs = [token_logprobs(reference, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
-                    if reference is not None else None for b in batches]
-        stats_sum: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0}
-        lr = engine.lr  # the rate of this step's (first) update
-        sampler_gap = 0.0
-        for update in range(rl.updates_per_batch):
-            for k, (b, old_logp, ref_logp) in enumerate(zip(batches, old, refs)):
-                loss, stats = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
-                                               num_sequences=n_seq, num_tokens=num_tokens, max_tokens=budget_tokens)
-                engine.backward(loss, last=k == len(batches) - 1)
-                engine.step()
-                stats_sum["loss"] += float(loss.detach()) / rl.updates_per_batch
-                for key in ("clip_frac", "kl", "ratio"):
-                    stats_sum[key] += stats[key] * stats["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
-                if update == 0:
-                    sampler_gap += stats["sampler_gap"]
-            with engine.gathered():
-                backend.sync_weights(policy_model)
-        update_s = time.monotonic() - t_update
-
-        # -- metrics
-        totals = np.array([t.reward for t in trajs])
-        sampled = np.array([t.sampled_tokens for t in trajs])
-        metrics: dict[str, Any] = {
-            "step": step,
-            "reward/mean": float(totals.mean()),
-            "reward/std": float(totals.std()),
-            **{f"reward/{c}": float(np.mean([r.components[c] for r in scored])) for c in recipe.components},
-            "ex": float(np.mean([ep.correct for ep in episodes])),
-            # groups whose G rollouts differ in correctness: the only ones that teach it
-            "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in episodes[g:g + rl.group_size])
-                                              < rl.group_size for g in range(0, len(episodes), rl.group_size)])),
-            **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in episodes]))
-               for t in range(1, max_turns + 1)},
-            "turns/mean": float(np.mean([ep.K for ep in episodes])),
-            "response_tokens/mean": float(sampled.mean()),
-            "sequence_tokens/mean": float(np.mean([len(t.input_ids) for t in trajs])),
-            "truncated": float(np.mean([t.truncated for t in trajs])),
-            "loss": stats_sum["loss"],
-            "kl": stats_sum["kl"],
-            "clip_frac": stats_sum["clip_frac"],
-            "ratio": stats_sum["ratio"],
-            "grad_norm": engine.grad_norm,
-            "lr": lr,
-            "tokens_per_s": float(sampled.sum() / max(rollout_s, 1e-9)),
-            "rollout_s": rollout_s,
-            "generate_s": token_policy.generate_s,  # of rollout_s, in the backend's generate
-            "update_s": update_s,  # the optimisation passes and the weight sync
-            "micro_batches": len(batches),
-        }
-        if judge is not None:  # a judge that fails scores 0 and the step goes on: count both
-            statuses = [str(r.info.get("judge", "")) for r in scored]
-            metrics["judge/asked"] = float(sum(s == "asked" for s in statuses))
-            metrics["judge/failed"] = float(sum(s.startswith("judge failed") for s in statuses))
-        if gen.temperature == 1.0:  # the sampler reports temperature-1 log-probs
-            metrics["logprob_gap"] = sampler_gap / max(num_tokens, 1.0)
-        metrics["step_s"] = time.monotonic() - t_step
-        metrics["trajectories_per_s"] = len(trajs) / max(metrics["step_s"], 1e-9)
-        history.append(metrics)
-        if main:
-            write_json_lines(out / "metrics.jsonl", [metrics], append=True)
-            if rl.save_rollouts:
-                name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
-                write_json_lines(out / "rollouts" / name,
-                                 [_episode_record(ep, t, r) for ep, t, r in zip(episodes, trajs, scored)])
-            if on_step is not None:
-                on_step(step, metrics)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}",
-                            loss=f"{metrics['loss']:.4f}")
-
-        # -- stop on the time budget (after finishing the step), checkpoint
-        # rank 0's decision on every rank: the time budget stops all ranks together
-        out_of_time = engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
-        if out_of_time and step < rl.steps:
-            stopped_by = "time"
-        if step % rl.checkpoint_every == 0 or step == rl.steps or out_of_time:
-            trainer_state = {"data_position": position, "history": history, "fingerprint": fingerprint}
-            if "question_pool" in state:
-                trainer_state["question_pool"] = state["question_pool"]
-            last_checkpoint = save_checkpoint(engine, out, step, trainer_state, rl.keep_checkpoints)
-        if out_of_time:
-            break
-    bar.close()
-
-    final = out / "final"
-    policy_model.eval()
-    engine.save_pretrained(final, tokenizer)
-    if main:
-        summary = {"steps": step, "stopped_by": stopped_by, "engine": engine.kind, "zero_stage": engine.zero_stage,
-                   "questions": len(train), "question_pool_s": pool_s, "rl": rl.model_dump(),
-                   "last": history[-1] if history else {}}
-        (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
-    return RLResult(out, final, step, stopped_by, history, last_checkpoint, questions=len(train), start=start)
+    with contextlib.ExitStack() as resources:
+        run = open_run(settings, CorpusLayout(Path(corpus_dir)), out, resources)
+        state, start = start_or_resume(run, resume)
+        started = time.monotonic()  # rl.max_minutes covers the question pool's pass too
+        pool = question_pool(run, state)
+        pool_s = time.monotonic() - started
+        bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.main), desc="rl", unit="step")
+        stopped_by = "steps"
+        while state.step < rl.steps:
+            state.step += 1
+            t_step = time.monotonic()
+            batch = rollout_step(run, next_questions(run, pool, state), state.step)
+            metrics = step_metrics(run, state.step, batch, optimise(run, batch))
+            metrics["step_s"] = time.monotonic() - t_step
+            metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
+            state.history.append(metrics)
+            record_step(run, state.step, metrics, batch)
+            if run.main:
+                if on_step is not None:
+                    on_step(state.step, metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}",
+                                loss=f"{metrics['loss']:.4f}")
+            # rank 0's decision on every rank: the time budget stops all ranks together, after the step
+            out_of_time = run.engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
+            if out_of_time and state.step < rl.steps:
+                stopped_by = "time"
+            if state.step % rl.checkpoint_every == 0 or state.step == rl.steps or out_of_time:
+                state.checkpoint = save_checkpoint(run.engine, out, state.step, state.saved(run.fingerprint),
+                                                   rl.keep_checkpoints)
+            if out_of_time:
+                break
+        bar.close()
+        final = save_final(run, state, stopped_by, pool, pool_s)
+    return RLResult(out, final, state.step, stopped_by, state.history, state.checkpoint, questions=len(pool),
+                    start=start)

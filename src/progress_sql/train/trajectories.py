@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from progress_sql.config import GenerationSettings
 from progress_sql.envs.base import Episode
-from progress_sql.inference.policy import TurnOutput
+from progress_sql.inference.policy import ConversationTokens
 
 
 @dataclass
@@ -34,13 +34,10 @@ def max_sequence_tokens(gen: GenerationSettings, max_turns: int) -> int:
 
 
 def tokenized_trajectory(
-    episode: Episode, reward: float, group_id: int, max_tokens: int
+    episode: Episode, conv: ConversationTokens, reward: float, group_id: int, max_tokens: int
 ) -> TokenizedTrajectory:
-    """The training record of an episode rolled out with a ``TokenPolicy``, cut to ``max_tokens``
-    (input ids, mask and log-probs together)."""
-    if not episode.generations or not isinstance(episode.generations[-1], TurnOutput):
-        raise TypeError("the episode was not rolled out with a TokenPolicy (no token record)")
-    conv = episode.generations[-1].conversation
+    """The training record of ``episode``, whose tokens ``conv`` holds (its ``TokenPolicy``'s
+    record), cut to ``max_tokens`` (input ids, mask and log-probs together)."""
     n = min(len(conv.input_ids), max_tokens)
     return TokenizedTrajectory(
         input_ids=conv.input_ids[:n],

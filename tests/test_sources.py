@@ -1,5 +1,7 @@
-"""Loaders for downloaded Spider, BIRD and SynSQL-2.5M, on tiny datasets built here in their
-exact release formats (real JSON files, real SQLite databases from Spider schemas), and the mix."""
+"""The dataset sources (``progress_sql.sources``): the readers of downloaded Spider, BIRD,
+SynSQL-2.5M and Spider's variants, on tiny datasets built here in their exact release formats
+(real JSON files, real SQLite databases from Spider schemas); the registry, which the settings,
+the ``data import`` options and the import are composed from; and the mix of a train draw."""
 
 from __future__ import annotations
 
@@ -7,23 +9,24 @@ import json
 import logging
 import re
 import sqlite3
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from progress_sql.config import default_settings
-from progress_sql.data.loaders import (
-    bird_database_path,
-    iter_json_array,
-    load_bird,
-    load_spider,
-    load_synsql,
-    plan_mix,
-    spider_database_path,
-    spider_tables_path,
-    synsql_database_path,
-)
-from progress_sql.data.loaders import reading
+import typer
+
+from progress_sql import sources
+from progress_sql.cli import app
+from progress_sql.config import DataSettings, default_settings
+from progress_sql.data.mix import plan_mix
+from progress_sql.sources import iter_json_array, reading
+from progress_sql.sources.bird import bird_database_path, load_bird
+from progress_sql.sources.spider import load_spider, spider_database_path, spider_tables_path
+from progress_sql.sources.spider_variants import load_spider_variant
+from progress_sql.sources.synsql import count_synsql_records, load_synsql, synsql_database_path
 from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.corpus.schema import create_database, read_tables_json
 from progress_sql.sql import hardness
@@ -113,14 +116,16 @@ def test_spider_train_reads_both_files_and_skips_unparsable_gold(spider_root, ca
     assert (first.db_id, first.question, first.gold_sql, first.source) == (
         "concert_singer", "How many singers do we have?", "SELECT count(*) FROM singer", "spider")
     assert first.hardness == "easy" and first.evidence == "" and first.difficulty == ""
-    for ex in loaded.examples:
-        assert ex.hardness == hardness(ex.gold_sql)
-        assert Path(ex.meta["db_path"]) == spider_database_path(spider_root, ex.db_id, "train")
-        assert Path(ex.meta["tables_json"]) == spider_root / "tables.json"
-    assert loaded.examples[-1].meta["file"] == "train_others.json"
-    assert loaded.examples[-1].meta["source_index"] == 4
+    for record in loaded.records:
+        assert record.example.hardness == hardness(record.example.gold_sql)
+        assert record.db_path == spider_database_path(spider_root, record.example.db_id, "train")
+        assert record.tables_json == spider_root / "tables.json"
+    # what the corpus keeps of the record: its file and its position; the source's paths stay out
+    assert loaded.examples[-1].meta == {"file": "train_others.json", "source_index": 4}
+    assert loaded.records[-1].index == 4
+    assert loaded.records[-1].where == f"{spider_root / 'train_others.json'}: record 0"
     # The database path is real: the gold runs on it.
-    con = sqlite3.connect(loaded.examples[1].meta["db_path"])
+    con = sqlite3.connect(loaded.records[1].db_path)
     assert con.execute(loaded.examples[1].gold_sql).fetchall()[0] == ("Joe Sharp", "Netherlands", 52)
     con.close()
 
@@ -130,7 +135,7 @@ def test_spider_dev_and_test_layouts(spider_root):
     assert [e.id for e in dev.examples] == ["spider-dev-000000", "spider-dev-000001"]
     assert not dev.skipped
     test = load_spider(spider_root, "test")
-    assert test.examples[0].meta["db_path"] == str(spider_root / "test_database/perpetrator/perpetrator.sqlite")
+    assert test.records[0].db_path == spider_root / "test_database/perpetrator/perpetrator.sqlite"
     assert spider_tables_path(spider_root, "test") == spider_root / "test_tables.json"
     with pytest.raises(ValueError, match="Spider split must be one of"):
         load_spider(spider_root, "validation")
@@ -212,13 +217,14 @@ def test_bird_train_and_dev(bird_root):
     assert [e.id for e in train.examples] == ["bird-train-000000", "bird-train-000001"]
     ex = train.examples[0]
     assert (ex.source, ex.evidence, ex.difficulty) == ("bird", "older than 30 refers to Age > 30", "")
-    assert ex.meta["db_path"] == str(bird_database_path(bird_root, "train", "concert_singer"))
-    assert ex.meta["tables_json"] == str(bird_root / "train/train_tables.json")
+    assert train.records[0].db_path == bird_database_path(bird_root, "train", "concert_singer")
+    assert train.records[0].tables_json == bird_root / "train/train_tables.json"
+    assert ex.meta == {"source_index": 0}  # train records have no question_id
     dev = load_bird(bird_root, "dev")
     assert [e.difficulty for e in dev.examples] == ["simple", "challenging"]
     assert [e.meta["question_id"] for e in dev.examples] == [0, 1]
     assert [e.hardness for e in dev.examples] == [hardness(e.gold_sql) for e in dev.examples]
-    assert Path(dev.examples[0].meta["db_path"]).is_file()
+    assert dev.records[0].db_path.is_file()
 
 
 def test_bird_split_folder_may_be_the_root(bird_root):
@@ -283,7 +289,7 @@ def test_synsql_fields_are_normalised(synsql_root):
     ex = loaded.examples[0]
     assert (ex.source, ex.evidence, ex.difficulty) == ("synsql", "tall means Height > 6.35", "Moderate")
     assert ex.meta["question_style"] == "Formal" and ex.meta["cot"].startswith("To answer")
-    assert ex.meta["db_path"] == str(synsql_database_path(synsql_root, "perpetrator"))
+    assert loaded.records[0].db_path == synsql_database_path(synsql_root, "perpetrator")
     assert ex.hardness == hardness(ex.gold_sql)
 
 
@@ -386,14 +392,14 @@ def test_plan_mix_rejects_bad_ratios():
 
 
 def test_loaded_datasets_name_their_database_files(spider_root, bird_root, synsql_root):
-    loaded = [*load_spider(spider_root, "train").examples, *load_bird(bird_root, "train").examples,
-              *load_synsql(synsql_root).examples]
-    assert {e.source for e in loaded} == {"spider", "bird", "synsql"}
-    assert all(Path(e.meta["db_path"]).is_file() for e in loaded)
+    loaded = [*load_spider(spider_root, "train").records, *load_bird(bird_root, "train").records,
+              *load_synsql(synsql_root).records]
+    assert {r.example.source for r in loaded} == {"spider", "bird", "synsql"}
+    assert all(r.db_path.is_file() for r in loaded)
 
 
 # ----------------------------------------------------------------------------- for the import
-def test_loaders_name_the_record_they_skip_and_give_the_datasets_semantics(spider_root, bird_root, synsql_root):
+def test_readers_name_the_record_they_skip_and_give_the_datasets_semantics(spider_root, bird_root, synsql_root):
     train = load_spider(spider_root, "train")
     assert train.skipped[0].where == f"{spider_root / 'train_spider.json'}: record 2"
     assert {e.semantics for e in train.examples} == {"spider"}
@@ -402,18 +408,14 @@ def test_loaders_name_the_record_they_skip_and_give_the_datasets_semantics(spide
 
 
 def test_synsql_indices_convert_only_the_chosen_records(synsql_root):
-    from progress_sql.data.loaders import count_synsql_records
-
     assert count_synsql_records(synsql_root) == 4
     chosen = load_synsql(synsql_root, indices=[3, 0, 2])
-    assert [e.meta["source_index"] for e in chosen.examples] == [0, 3]
+    assert [r.index for r in chosen.records] == [e.meta["source_index"] for e in chosen.examples] == [0, 3]
     assert [s.index for s in chosen.skipped] == [2]  # record 2's gold does not parse
     assert load_synsql(synsql_root, indices=[]).examples == []
 
 
 def test_spider_variants_read_their_published_files(spider_root, tmp_path):
-    from progress_sql.data.loaders import load_spider_variant
-
     dev = [_spider_record(*r) for r in SPIDER_DEV]
     syn = [{"db_id": r["db_id"], "query": r["query"], "SpiderQuestion": r["question"],
             "SpiderSynQuestion": r["question"].replace("pets", "animals")} for r in dev]
@@ -422,10 +424,74 @@ def test_spider_variants_read_their_published_files(spider_root, tmp_path):
     assert [e.id for e in loaded.examples] == ["spider-syn-000000", "spider-syn-000001"]
     assert loaded.examples[0].question == "What types of animals are there?"
     assert loaded.examples[0].meta["original_question"] == "What types of pets are there?"
-    assert loaded.examples[0].meta["db_path"] == str(spider_database_path(spider_root, "pets_1"))
+    assert loaded.records[0].db_path == spider_database_path(spider_root, "pets_1")
     _write_json(tmp_path / "Spider-DK.json", dev[:1])
     assert load_spider_variant(tmp_path / "Spider-DK.json", "dk", spider_root).examples[0].meta["variant"] == "dk"
     # no Spider folder and no database/ beside the file: the record is skipped as database missing
     assert load_spider_variant(tmp_path / "Spider-DK.json", "dk").skip_counts() == {"database missing": 1}
     with pytest.raises(CorpusError, match="expected a file, or a folder holding spider-realistic.json"):
         load_spider_variant(tmp_path, "realistic", spider_root)
+
+
+# ----------------------------------------------------------------------------- the registry
+def test_the_settings_and_the_import_options_come_from_the_registry():
+    fields = DataSettings.model_fields
+    for source in sources.SOURCES:
+        assert fields[source.setting].annotation is str and fields[source.setting].default == ""
+    choices = {key: typing.get_args(typing.get_args(fields[key].annotation)[0]) for key in ("import_train", "import_eval")}
+    assert choices == {"import_train": ("spider", "bird", "synsql"), "import_eval": ("spider", "bird")}
+    assert default_settings().data.mix.model_dump() == {s.name: s.share for s in sources.with_train()}
+    assert [s.variant for s in sources.SOURCES if s.variant] == ["syn", "realistic", "dk"]
+    command = typer.main.get_command(app).commands["data"].commands["import"]
+    options = {param.opts[0]: param.help for param in command.params}
+    assert all(options[f"--{s.option}"].endswith(f"(data.{s.setting})") for s in sources.SOURCES)
+    with pytest.raises(KeyError, match="unknown dataset source 'wikisql'; known: spider, bird, synsql, spider_syn"):
+        sources.get("wikisql")
+
+
+def test_each_source_gives_its_sets_under_its_semantics(spider_root, bird_root, synsql_root):
+    roots = {"spider": spider_root, "bird": bird_root, "synsql": synsql_root}
+    for name, root in roots.items():
+        source = sources.get(name)
+        train = source.train(root)
+        taken, _ = train.take(range(train.size))
+        held_out = source.evaluation(root) if source.evaluation else {}
+        records = [*taken.values(), *(r for loaded in held_out.values() for r in loaded.records)]
+        assert records and {r.example.semantics for r in records} == {source.semantics}, name
+    assert set(sources.get("spider").evaluation(spider_root)) == {"dev", "test"}
+    assert set(sources.get("bird").evaluation(bird_root)) == {"dev"} and sources.get("synsql").evaluation is None
+    # a set read whole: its positions are those of the records kept, and its skips come with it
+    spider_train = sources.get("spider").train(spider_root)
+    taken, load = spider_train.take([3, 0])
+    assert load is None and [taken[p].example.id for p in (3, 0)] == ["spider-train-000004", "spider-train-000000"]
+    assert spider_train.size == 4 and [s.index for s in spider_train.whole.skipped] == [2]
+    # SynSQL's 4 records are counted, not read; a take converts only the asked positions
+    synsql_train = sources.get("synsql").train(synsql_root)
+    taken, load = synsql_train.take([3, 2])
+    assert synsql_train.size == 4 and synsql_train.whole is None
+    assert sorted(taken) == [3] and [s.index for s in load.skipped] == [2]  # record 2's gold does not parse
+
+
+def test_a_registered_source_needs_no_other_change(bird_root, tmp_path):
+    """A source added to ``SOURCES`` alone (here a second BIRD-shaped one) has its setting, its
+    ``data import`` option, its share and its place in the import's manifest."""
+    code = f"""
+import dataclasses, sys
+from progress_sql import sources
+new = dataclasses.replace(sources.get("bird"), name="toy_bird", about="a BIRD-shaped folder", share=0.5)
+sources.SOURCES = (*sources.SOURCES, new)
+sources._BY_NAME[new.name] = new
+from typer.testing import CliRunner
+from progress_sql.cli import app
+result = CliRunner().invoke(app, ["data", "import", "--toy-bird", {str(bird_root)!r}, "--out", "corpus", "--no-progress",
+                                  "--set", "data.import_train=[toy_bird]", "--set", "data.import_eval=[toy_bird]",
+                                  "--set", "data.import_sampling=shares", "--set", "data.mix_total=1"])
+print(result.output)
+sys.exit(result.exit_code)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((tmp_path / "corpus/manifest.json").read_text())
+    assert manifest["datasets"] == {"toy_bird": str(bird_root)}
+    assert manifest["settings"]["import_toy_bird"] == str(bird_root) and manifest["settings"]["mix"]["toy_bird"] == 0.5
+    assert manifest["train_draw"]["planned"] == {"toy_bird": 1} and manifest["splits"]["dev"]["examples"] == 2

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from progress_sql.data.loaders.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array
 from progress_sql.corpus.records import CorpusError
+from progress_sql.sources.base import DatasetSource, TrainSet
+from progress_sql.sources.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array
+from progress_sql.sql.verdict import Semantics
 
+SEMANTICS: Semantics = "bird"  # BIRD's official EX: sets of rows
 BIRD_SPLITS = ("train", "dev")
 BIRD_DIFFICULTIES = ("simple", "moderate", "challenging")
 
@@ -41,8 +44,7 @@ def load_bird(root: Path, split: str) -> LoadResult:
     databases = folder / f"{split}_databases"
     if not databases.is_dir():
         raise CorpusError(f"{databases}: database folder not found")
-    tables = str(folder / f"{split}_tables.json")
-    collector = ExampleCollector("bird", split, (path,))
+    collector = ExampleCollector("bird", split, (path,), SEMANTICS, folder / f"{split}_tables.json")
     for index, data in iter_json_array(path):
         rec = RecordAt(path, index, data)
         db_id = rec.text("db_id")
@@ -50,20 +52,19 @@ def load_bird(root: Path, split: str) -> LoadResult:
         if difficulty and difficulty not in BIRD_DIFFICULTIES:
             raise CorpusError(f"{rec.where}: field 'difficulty' must be one of "
                               f"{list(BIRD_DIFFICULTIES)}, got {difficulty!r}")
-        meta = {"tables_json": tables}
-        if rec.get("question_id") is not None:
-            meta["question_id"] = rec.get("question_id")
-        collector.add(
-            index,
-            id=f"bird-{split}-{index:06d}",
-            db_id=db_id,
-            question=rec.text("question"),
-            gold_sql=rec.text("SQL"),
-            evidence=rec.optional_text("evidence"),
-            difficulty=difficulty,
-            db_path=databases / db_id / f"{db_id}.sqlite",
-            meta=meta,
-            where=rec.where,
-            semantics="bird",  # BIRD's official EX: sets of rows (sql.verdict)
-        )
+        question_id = rec.get("question_id")
+        collector.add(rec, index, id=f"bird-{split}-{index:06d}", db_id=db_id, question=rec.text("question"),
+                      gold_sql=rec.text("SQL"), evidence=rec.optional_text("evidence"), difficulty=difficulty,
+                      db_path=databases / db_id / f"{db_id}.sqlite",
+                      meta={} if question_id is None else {"question_id": question_id})
     return collector.finish()
+
+
+SOURCE = DatasetSource(
+    name="bird",
+    about="BIRD folder holding train/ (train.json, train_databases/, train_tables.json) and dev/",
+    semantics=SEMANTICS,
+    train=lambda root: TrainSet.read_at_once(load_bird(root, "train")),
+    evaluation=lambda root: {"dev": load_bird(root, "dev")},
+    share=0.4,
+)

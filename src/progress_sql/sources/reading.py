@@ -1,4 +1,5 @@
-"""What every dataset loader shares: streaming JSON arrays, field access, turning records into Examples.
+"""What every dataset reader shares: streaming JSON arrays, field access, turning records into
+``Loaded`` examples.
 
 Errors name the file and, where it applies, the line and column (malformed JSON) or the record
 index and field (a record that lacks what the format promises). Records whose gold SQL does not
@@ -17,6 +18,7 @@ from typing import Iterator
 
 from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.sql import SQLParseError, hardness
+from progress_sql.sql.verdict import Semantics
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,18 @@ class Skipped:
     where: str = ""
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """One dataset record as read: the corpus example, and what the import needs of the source
+    that the corpus does not keep (the source's database and tables file, where the record is)."""
+
+    example: Example
+    db_path: Path  # the SQLite file its gold runs on, in the source
+    tables_json: Path | None  # the tables.json entry of its database is taken from here (None: none)
+    index: int  # its position in the source: a train draw asks for positions
+    where: str  # its file and record number, for messages
+
+
 @dataclass
 class LoadResult:
     """The examples of one dataset split, plus the records skipped and why."""
@@ -190,11 +204,15 @@ class LoadResult:
     source: str
     split: str
     paths: tuple[Path, ...]
-    examples: list[Example] = field(default_factory=list)
+    records: list[Loaded] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
 
+    @property
+    def examples(self) -> list[Example]:
+        return [record.example for record in self.records]
+
     def __len__(self) -> int:
-        return len(self.examples)
+        return len(self.records)
 
     def skip_counts(self) -> dict[str, int]:
         """Skipped records by reason kind (the text before the first ':')."""
@@ -202,7 +220,7 @@ class LoadResult:
 
     def summary(self) -> str:
         files = ", ".join(str(p) for p in self.paths)
-        text = f"{self.source} {self.split}: {len(self.examples)} examples from {files}"
+        text = f"{self.source} {self.split}: {len(self.records)} examples from {files}"
         if self.skipped:
             kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(self.skip_counts().items()))
             text += f"; {len(self.skipped)} skipped ({kinds})"
@@ -210,53 +228,34 @@ class LoadResult:
 
 
 class ExampleCollector:
-    """Builds the Examples of one load: hardness from the gold SQL, database present, skips counted."""
+    """Builds the examples of one load: hardness from the gold SQL, database present, skips counted.
+    Every example is judged under ``semantics`` (``sql.verdict``), its dataset's EX rule."""
 
-    def __init__(self, source: str, split: str, paths: tuple[Path, ...]) -> None:
+    def __init__(self, source: str, split: str, paths: tuple[Path, ...], semantics: Semantics,
+                 tables_json: Path | None) -> None:
         self.result = LoadResult(source, split, paths)
+        self.semantics, self.tables_json = semantics, tables_json
         self._db_exists: dict[Path, bool] = {}
 
-    def add(
-        self,
-        index: int,
-        *,
-        id: str,
-        db_id: str,
-        question: str,
-        gold_sql: str,
-        db_path: Path,
-        evidence: str = "",
-        difficulty: str = "",
-        meta: dict | None = None,
-        where: str = "",
-        semantics: str = "spider",
-    ) -> bool:
-        """Add one example; return False (and record why) when it is skipped. ``where`` names
-        the record (file and index) for the skip; ``semantics`` is the dataset's EX rule."""
+    def add(self, rec: RecordAt, index: int, *, id: str, db_id: str, question: str, gold_sql: str,
+            db_path: Path, evidence: str = "", difficulty: str = "", meta: dict | None = None) -> bool:
+        """Add the example of ``rec``; return False (and record why) when it is skipped. ``index``
+        is its position in the source; ``meta``, what the corpus keeps of the record beside the
+        example's fields (its position is always kept)."""
         if db_path not in self._db_exists:
             self._db_exists[db_path] = db_path.is_file()
         if not self._db_exists[db_path]:
-            self.result.skipped.append(Skipped(index, id, f"database missing: {db_path}", where))
+            self.result.skipped.append(Skipped(index, id, f"database missing: {db_path}", rec.where))
             return False
         try:
             level = hardness(gold_sql)
         except SQLParseError as err:
-            self.result.skipped.append(Skipped(index, id, f"gold does not parse: {err}", where))
+            self.result.skipped.append(Skipped(index, id, f"gold does not parse: {err}", rec.where))
             return False
-        self.result.examples.append(
-            Example(
-                id=id,
-                db_id=db_id,
-                question=question.strip(),
-                gold_sql=gold_sql.strip(),
-                hardness=level,
-                evidence=evidence.strip(),
-                source=self.result.source,
-                difficulty=difficulty,
-                meta={"db_path": str(db_path), "source_index": index, **(meta or {})},
-                semantics=semantics,
-            )
-        )
+        example = Example(id=id, db_id=db_id, question=question.strip(), gold_sql=gold_sql.strip(), hardness=level,
+                          evidence=evidence.strip(), source=self.result.source, difficulty=difficulty,
+                          meta={"source_index": index, **(meta or {})}, semantics=self.semantics)
+        self.result.records.append(Loaded(example, db_path, self.tables_json, index, rec.where))
         return True
 
     def finish(self) -> LoadResult:

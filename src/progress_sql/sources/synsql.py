@@ -1,5 +1,5 @@
 """SynSQL-2.5M (OmniSQL, Li et al., 2025) as released: ``data.json`` (one JSON array of 2.5M
-records), ``tables.json`` and ``databases/<db_id>/<db_id>.sqlite``.
+records), ``tables.json`` and ``databases/<db_id>/<db_id>.sqlite``; a train set only.
 
 Records hold ``db_id``, ``question``, ``sql``, ``external_knowledge``, ``sql_complexity``
 (Simple / Moderate / Complex / Highly Complex), ``question_style`` and ``cot`` (a worked
@@ -16,14 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Collection
 
-from progress_sql.data.loaders.reading import (
-    ExampleCollector,
-    LoadResult,
-    RecordAt,
-    iter_json_array,
-    require_file,
-)
 from progress_sql.corpus.records import CorpusError
+from progress_sql.sources.base import DatasetSource, TrainSet
+from progress_sql.sources.reading import ExampleCollector, LoadResult, RecordAt, iter_json_array, require_file
+from progress_sql.sql.verdict import Semantics
+
+SEMANTICS: Semantics = "bird"
 
 
 def synsql_database_path(root: Path, db_id: str) -> Path:
@@ -57,8 +55,7 @@ def load_synsql(root: Path, limit: int | None = None, indices: Collection[int] |
     last = max(wanted, default=-1) if wanted is not None else None
     if not (root / "databases").is_dir():
         raise CorpusError(f"{root / 'databases'}: database folder not found")
-    tables = str(root / "tables.json")
-    collector = ExampleCollector("synsql", "train", (path,))
+    collector = ExampleCollector("synsql", "train", (path,), SEMANTICS, root / "tables.json")
     if limit == 0 or wanted == set():
         return collector.finish()
     for index, data in iter_json_array(path):
@@ -69,23 +66,25 @@ def load_synsql(root: Path, limit: int | None = None, indices: Collection[int] |
                 continue
         rec = RecordAt(path, index, data)
         db_id = rec.text("db_id")
-        meta = {"tables_json": tables}
+        meta = {}
         for key in ("question_style", "cot"):
             if value := rec.optional_text(key):
                 meta[key] = value
-        added = collector.add(
-            index,
-            id=f"synsql-{index:07d}",
-            db_id=db_id,
-            question=rec.text("question"),
-            gold_sql=rec.text("sql"),
-            evidence=rec.optional_text("external_knowledge"),
-            difficulty=rec.optional_text("sql_complexity"),
-            db_path=synsql_database_path(root, db_id),
-            meta=meta,
-            where=rec.where,
-            semantics="bird",
-        )
-        if added and limit is not None and len(collector.result.examples) >= limit:
+        added = collector.add(rec, index, id=f"synsql-{index:07d}", db_id=db_id, question=rec.text("question"),
+                              gold_sql=rec.text("sql"), evidence=rec.optional_text("external_knowledge"),
+                              difficulty=rec.optional_text("sql_complexity"),
+                              db_path=synsql_database_path(root, db_id), meta=meta)
+        if added and limit is not None and len(collector.result.records) >= limit:
             break
     return collector.finish()
+
+
+SOURCE = DatasetSource(
+    name="synsql",
+    about="SynSQL-2.5M folder (data.json, tables.json, databases/)",
+    semantics=SEMANTICS,
+    # 2.5M records: counted in one pass, and only the drawn ones converted
+    train=lambda root: TrainSet.read_by_position(count_synsql_records(root),
+                                                 lambda positions: load_synsql(root, indices=positions)),
+    share=0.3,
+)

@@ -1,11 +1,12 @@
 """Code that runs inside vLLM's engine processes: the weight loader the trainer calls.
 
-vLLM imports this module in each worker (``worker_extension_cls``) before it loads the model.
-On CPU, vLLM repacks every linear layer's weight into a kernel-private buffer (oneDNN / SGL)
-captured by a closure, and drops the weight tensor, so weights loaded later never reach the
-kernel. Here the CPU workers keep each weight tensor beside its packed copy and remember the
-layer; after ``load_weights`` writes the new values into the kept tensors, the layers are
-repacked with vLLM's own dispatch. GPU workers are left as they are.
+vLLM imports this module in each worker (``backends.vllm`` names it as ``worker_extension_cls``)
+before it loads the model. On CPU, vLLM repacks every linear layer's weight into a
+kernel-private buffer (oneDNN / SGL) captured by a closure, and drops the weight tensor, so
+weights loaded later never reach the kernel. Here the CPU workers keep each weight tensor
+beside its packed copy and remember the layer; after ``load_weights`` writes the new values
+into the kept tensors, the layers are repacked with vLLM's own dispatch. GPU workers are left
+as they are.
 """
 
 from __future__ import annotations

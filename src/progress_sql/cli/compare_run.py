@@ -1,0 +1,49 @@
+"""``progress-sql compare-run NAME``: a comparison of configs/comparisons/ (every arm × seed
+trained and evaluated on one budget, one report), the same code path as the Prefect flow
+``compare-methods``. The scale is the preset: ``progress-sql --preset cpu-demo compare-run
+methods`` (or ``--preset`` after the command)."""
+
+from __future__ import annotations
+
+import typer
+
+from progress_sql.cli.common import PRESET_HELP, SET_HELP, current_preset, parse_overrides
+
+
+def compare_run(
+    name: str = typer.Argument(..., help="A comparison of configs/comparisons/ (methods, ablations) or a YAML file"),
+    preset: str = typer.Option(None, "--preset", metavar="SCALE",
+                               help=PRESET_HELP + "; here the scale every arm runs at (default: the global --preset)"),
+    params: str = typer.Option("params.yaml", "--params", help="Settings file"),
+    budget: list[str] = typer.Option([], "--budget", help="Override a budget key of the comparison, e.g. --budget steps=5"),
+    seeds: int = typer.Option(None, "--seeds", min=1, help="Seeds 1..N (the budget's seeds)"),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP + "; on every arm, under the budget"),
+    plan_only: bool = typer.Option(False, "--plan", help="Print the arms' settings and the budget; run nothing"),
+) -> None:
+    """Train and evaluate every arm × seed of a comparison on one budget; write reports/compare/NAME/."""
+    from progress_sql.comparisons import ComparisonError, make_plan, run_comparison
+
+    budget_overrides = parse_overrides(budget)
+    if seeds is not None:
+        budget_overrides["seeds"] = seeds
+    try:
+        plan = make_plan(name, params, preset or current_preset() or "", budget_overrides=budget_overrides,
+                         overrides=parse_overrides(overrides))
+    except ComparisonError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if plan_only:
+        typer.echo("\n".join(plan.notes))
+        for job in plan.jobs:
+            s = job.settings
+            typer.echo(f"{job.label}: {s.rl.recipe}/{s.rl.env}/{s.rl.algorithm} G={s.rl.group_size} "
+                       f"questions={s.rl.questions_per_step} steps={s.rl.steps} from {s.rl.init_from} → {job.run_dir}")
+        return
+    outcome = run_comparison(plan, log=typer.echo)
+    typer.echo(f"\n{outcome.table}\n")
+    for failure in outcome.failures:
+        typer.echo(f"error: {failure.label} failed: {failure.error}", err=True)
+    if outcome.failures:
+        typer.echo(f"{len(outcome.failures)} run(s) failed; the report holds the others. Run the same command again "
+                   "to run only the missing ones.", err=True)
+        raise typer.Exit(1)

@@ -1,0 +1,41 @@
+"""Budget-matched comparisons of methods and ablations (issue 32): a comparison file of
+``configs/comparisons/`` names arms (a preset plus overrides each) and one budget; ``make_plan``
+turns it into arm × seed jobs at a scale, ``run_comparison`` runs them (the shared stages once)
+and writes one report. ``progress-sql compare-run`` and the ``compare-methods`` Prefect flow are
+its two callers; the DVC stage ``compare`` runs the CLI.
+
+- ``spec``: the file, the layering of settings (params.yaml, scale, the method's keys, overrides,
+  budget, seed, paths), every check that can be made before anything runs;
+- ``run``: the shared stages, one job, the whole comparison, resuming what is missing;
+- ``report``: the table, paired tests, figures, ODT profile and cost (markdown, HTML, JSON).
+"""
+
+from progress_sql.comparisons.run import (
+    Outcome,
+    build_shared,
+    collect,
+    finish,
+    is_done,
+    parent_tags,
+    run_comparison,
+    run_job,
+    run_job_isolated,
+    shared_keys,
+)
+from progress_sql.comparisons.spec import (
+    METHOD_KEYS,
+    Comparison,
+    ComparisonError,
+    Job,
+    JobResult,
+    Plan,
+    comparison_names,
+    load_comparison,
+    make_plan,
+)
+
+__all__ = [
+    "METHOD_KEYS", "Comparison", "ComparisonError", "Job", "JobResult", "Outcome", "Plan", "build_shared", "collect",
+    "comparison_names", "finish", "is_done", "load_comparison", "make_plan", "parent_tags", "run_comparison",
+    "run_job", "run_job_isolated", "shared_keys",
+]

@@ -1,0 +1,208 @@
+"""Running a comparison's plan: the shared stages once each, then every arm × seed (RL, then
+evaluation), each recorded in its folder, so a rerun does only what is missing.
+
+The CLI (``progress-sql compare-run``) calls ``run_comparison``; the Prefect flow calls the same
+pieces one by one (``build_shared``, ``run_job``, ``finish``) to make each a task run. Each piece
+calls the functions of ``progress_sql.stages``, as ``progress-sql train rl`` and ``eval`` do.
+
+On disk, per job: ``result.json`` when it finished (with the fingerprint of its settings: a
+job whose settings changed runs again), ``failed.json`` when it failed (the error; the job runs
+again next time). Per shared output: the folder ``SHARED/<key>`` and ``SHARED/<key>.done``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+
+from progress_sql.comparisons.spec import Job, JobResult, Plan, shared_settings
+from progress_sql.files import write_json
+
+RESULT_FILE = "result.json"
+FAILED_FILE = "failed.json"
+Log = Callable[[str], None]
+
+
+# ----------------------------------------------------------------------------- shared stages
+def shared_keys(plan: Plan) -> list[str]:
+    """The shared outputs the plan needs, in build order (corpora, tiny policies, SFT)."""
+    order = {"corpus": 0, "tiny": 1, "sft": 2}
+    keys = {k for job in plan.jobs for k in (job.corpus, job.tiny, job.sft) if k is not None}
+    return sorted(keys, key=lambda k: (order[k.split("-")[0]], k))
+
+
+def build_shared(plan: Plan, key: str, log: Log = print) -> str:
+    """Build shared output ``key`` into ``SHARED/<key>`` unless it is there already; its folder."""
+    from progress_sql import stages
+
+    path = plan.shared_dir / key
+    marker = plan.shared_dir / f"{key}.done"
+    users = sorted({j.arm for j in plan.jobs if key in (j.corpus, j.tiny, j.sft)})
+    if marker.is_file():
+        log(f"shared {key}: reused (arms {', '.join(users)})")
+        return str(path)
+    settings = shared_settings(plan, key)
+    start = time.monotonic()
+    kind = key.split("-")[0]
+    if kind == "corpus":
+        stages.build_data(settings, path, progress=False)
+    elif kind == "tiny":
+        stages.init_model(settings, settings.data.out_dir, path, progress=False)
+    else:
+        stages.sft(settings, settings.data.out_dir, out=path, report_dir=path / "report", progress=False)
+    marker.write_text(json.dumps({"arms": users, "seconds": time.monotonic() - start}), encoding="utf-8")
+    log(f"shared {key}: built in {time.monotonic() - start:.0f} s (arms {', '.join(users)})")
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- one arm × seed
+def read_result(job: Job) -> JobResult | None:
+    """The job's recorded outcome: done (and with its current settings), failed, or None."""
+    done = job.run_dir / RESULT_FILE
+    if done.is_file():
+        result = JobResult(**json.loads(done.read_text(encoding="utf-8")))
+        if result.fingerprint == job.fingerprint:
+            return result
+    failed = job.run_dir / FAILED_FILE
+    if failed.is_file():
+        record = json.loads(failed.read_text(encoding="utf-8"))
+        return JobResult(**{k: v for k, v in record.items() if k in JobResult.__dataclass_fields__})
+    return None
+
+
+def is_done(job: Job) -> bool:
+    result = read_result(job)
+    return result is not None and result.status == "done"
+
+
+def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = print) -> JobResult:
+    """RL then evaluation of one arm × seed (resumed from a checkpoint of the same settings), as
+    an MLflow child run of ``parent_run_id``; a finished job is not run again. Never raises for
+    the job's own failure: the result says ``failed`` and names the error (also in failed.json)."""
+    from progress_sql import stages, tracking
+
+    if is_done(job):
+        log(f"{job.label}: done before, kept")
+        return read_result(job)  # type: ignore[return-value]
+    (job.run_dir / FAILED_FILE).unlink(missing_ok=True)
+    s = job.settings
+    corpus = s.data.out_dir
+    tags = {"progress_sql.comparison": plan.name, "progress_sql.arm": job.arm, "progress_sql.seed": str(job.seed),
+            "progress_sql.preset": plan.scale}
+    try:
+        with tracking.child_pipeline_run(s, f"{job.arm}-seed{job.seed}", parent_run_id, tags=tags):
+            start = time.monotonic()
+            rl, _ = stages.train_rl(s, corpus, out=job.run_dir / "rl", resume="auto",
+                                    report_dir=job.run_dir / "reports", progress=False)
+            rl_seconds = time.monotonic() - start
+            start = time.monotonic()
+            ev = stages.evaluate(s, str(rl.final_dir), corpus, s.eval.splits, job.run_dir / "eval", progress=False)
+            eval_seconds = time.monotonic() - start
+            steps, tokens = _rollout_cost(job)
+            tracking.log_metrics({"compare/rl_seconds": rl_seconds, "compare/eval_seconds": eval_seconds,
+                                  "compare/generated_tokens": tokens}, to_parent=False)
+    except Exception as err:  # noqa: BLE001  (any failure of one arm is reported, the others go on)
+        result = JobResult(job.arm, job.seed, "failed", str(job.run_dir), job.fingerprint,
+                           error=f"{type(err).__name__}: {err}")
+        write_json(job.run_dir / FAILED_FILE, {**asdict(result), "traceback": traceback.format_exc()})
+        log(f"{job.label}: FAILED: {result.error}")
+        return result
+    result = JobResult(job.arm, job.seed, "done", str(job.run_dir), job.fingerprint, rl_seconds=rl_seconds,
+                       eval_seconds=eval_seconds, rl_steps=steps, generated_tokens=tokens,
+                       metrics={k: float(v) for k, v in ev.flat.items() if isinstance(v, (int, float))})
+    write_json(job.run_dir / RESULT_FILE, asdict(result))
+    log(f"{job.label}: RL {rl_seconds:.0f} s ({steps} step{'s' * (steps != 1)}), evaluation {eval_seconds:.0f} s")
+    return result
+
+
+def _rollout_cost(job: Job) -> tuple[int, float]:
+    """(RL steps, generated tokens) from the run's metrics.jsonl: each step's mean sampled
+    tokens × its trajectories."""
+    path = job.run_dir / "rl" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    n = job.settings.rl.questions_per_step * job.settings.rl.group_size
+    return len(rows), float(sum(row.get("response_tokens/mean", 0.0) * n for row in rows))
+
+
+def run_job_isolated(plan: Plan, job: Job, parent_run_id: str | None = None) -> JobResult:
+    """``run_job`` in a fresh process: jobs that run at once (compare.max_parallel > 1) do not
+    share torch's global random state, so each seed gives what it gives alone."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(run_job, plan, job, parent_run_id, _quiet).result()
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def collect(plan: Plan) -> list[JobResult]:
+    """Every job's outcome as recorded on disk (a job never run: failed, "not run")."""
+    out = []
+    for job in plan.jobs:
+        result = read_result(job)
+        out.append(result or JobResult(job.arm, job.seed, "failed", str(job.run_dir), job.fingerprint,
+                                       error="not run (stopped before it started)"))
+    return out
+
+
+# ----------------------------------------------------------------------------- the whole comparison
+@dataclass
+class Outcome:
+    report_dir: Path
+    results: list[JobResult]
+    table: str  # the markdown table (EX per split and mode, mean ± spread over seeds)
+    parent_run_id: str | None
+
+    @property
+    def failures(self) -> list[JobResult]:
+        return [r for r in self.results if r.status != "done"]
+
+
+def finish(plan: Plan, parent_run_id: str | None, wall_seconds: float, log: Log = print) -> Outcome:
+    """The report of what is on disk (finished arms; failures named), logged to the parent run."""
+    from progress_sql.comparisons.report import write_report
+
+    results = collect(plan)
+    report = write_report(plan, results, wall_seconds)
+    if parent_run_id and plan.base.tracking.enabled:
+        from progress_sql import tracking
+
+        tracking.log_run_artifacts(parent_run_id, report.folder, "comparison")
+        tracking.set_run_tags(parent_run_id, {"progress_sql.compare_report": str(report.folder.resolve() / "report.html"),
+                                              "mlflow.note.content": report.note})
+    log(f"report: {report.folder / 'report.md'} (and report.html)")
+    return Outcome(report.folder, results, report.table, parent_run_id)
+
+
+def run_comparison(plan: Plan, log: Log = print, tags: dict[str, str] | None = None) -> Outcome:
+    """The CLI's path: the shared stages, every job not done yet (``compare.max_parallel`` at
+    once), the report; under one MLflow parent run with a child per arm × seed."""
+    from progress_sql import tracking
+
+    start = time.monotonic()
+    todo = [job for job in plan.jobs if not is_done(job)]
+    log(f"comparison {plan.name} at scale {plan.scale}: {len(plan.jobs)} arm × seed runs, "
+        f"{len(plan.jobs) - len(todo)} done before, {len(todo)} to run")
+    with tracking.pipeline_run(plan.base, f"compare-{plan.name}", tags=parent_tags(plan, tags)) as run:
+        parent = run.info.run_id if run is not None else None
+        if todo:
+            for key in shared_keys(Plan(**{**plan.__dict__, "jobs": todo})):
+                build_shared(plan, key, log)
+        if plan.base.compare.max_parallel > 1 and len(todo) > 1:
+            with ProcessPoolExecutor(max_workers=plan.base.compare.max_parallel, mp_context=get_context("spawn")) as pool:
+                for result in pool.map(run_job, [plan] * len(todo), todo, [parent] * len(todo)):
+                    log(f"{result.label}: {result.status}{': ' + result.error if result.error else ''}")
+        else:
+            for job in todo:
+                run_job(plan, job, parent, log)
+        return finish(plan, parent, time.monotonic() - start, log)
+
+
+def parent_tags(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"progress_sql.comparison": plan.name, "progress_sql.preset": plan.scale, **(extra or {})}

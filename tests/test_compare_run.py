@@ -1,0 +1,185 @@
+"""Budget-matched comparisons (progress_sql.comparisons): one two-arm, one-seed comparison at the
+smallest scale, run for real through ``progress-sql compare-run`` (a subprocess) and through the
+``compare-methods`` flow against a real Prefect server on a free port, must give the same table
+and the same metrics; a third arm that fails mid-way is reported by name beside the finished
+ones, and a rerun runs only it. Bad comparison files stop before anything is written. About 3-4
+minutes on two busy cores (a corpus, a tiny policy, one SFT, three RL runs and evaluations)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+pytest.importorskip("torch")
+
+from conftest import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO))  # flows/ sits beside src/
+
+from local_stack import prefect_server  # noqa: E402
+
+from progress_sql.comparisons import ComparisonError, make_plan  # noqa: E402
+
+# The smallest comparison: the cpu-demo scale, 2 questions × G 2, one step, one seed, two dev questions.
+BUDGET = {"trajectories_per_step": 4, "group_size": 2, "steps": 1, "seeds": 1, "splits": ["dev"],
+          "eval_max_examples": 2}
+
+
+def _write(folder: Path, name: str, arms: list[dict], budget: dict | None = None) -> Path:
+    """A checkout of our own: params.yaml beside configs/comparisons/NAME.yaml (presets: the package's)."""
+    (folder / "configs" / "comparisons").mkdir(parents=True, exist_ok=True)
+    if not (folder / "params.yaml").exists():
+        shutil.copy(REPO / "params.yaml", folder / "params.yaml")
+    path = folder / "configs" / "comparisons" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"arms": arms, "budget": budget or BUDGET}), encoding="utf-8")
+    return folder / "params.yaml"
+
+
+def _places(root: Path) -> dict[str, str]:
+    return {"compare.out_dir": str(root / "out"), "compare.shared_dir": str(root.parent / "shared"),
+            "compare.report_dir": str(root / "reports"),
+            "tracking.tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"}
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    exe = Path(sys.executable).with_name("progress-sql")
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _sets(places: dict[str, str]) -> list[str]:
+    return [arg for key, value in places.items() for arg in ("--set", f"{key}={value}")]
+
+
+@pytest.mark.slow
+def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    not_a_model = tmp_path / "not-a-model"  # exists (so the plan accepts it), holds no weights
+    not_a_model.mkdir()
+    # Two single-turn arms (Progress-SQL's reward without its multi-turn rollouts, and the one-shot
+    # baseline) share one SFT checkpoint: the cheapest pair that exercises the sharing.
+    arms = [{"name": "single-turn", "preset": "progress-sql-single-turn"}, {"name": "oneshot", "preset": "oneshot"},
+            {"name": "broken", "preset": "oneshot", "overrides": {"rl.init_from": str(not_a_model)}}]
+    params = _write(tmp_path, "two", arms)
+    cli_places = _places(tmp_path / "cli")
+
+    done = _cli("--preset", "cpu-demo", "compare-run", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out  # one arm failed: exit 1, after the report of the others
+    assert "broken/seed-1 failed" in out and "not-a-model" in out, out
+    report = tmp_path / "cli" / "reports" / "two" / "cpu-demo"
+    cli_table = json.loads((report / "table.json").read_text())
+    assert cli_table["arms"]["single-turn"]["seeds"] == [1] and cli_table["arms"]["broken"]["seeds"] == []
+    md = (report / "report.md").read_text()
+    assert "| oneshot | dev | greedy | 1 | 2 |" in md  # the paired test of oneshot against the first arm
+    assert "Failed or missing runs" in md and "broken/seed-1" in md
+    assert "src='data:image/png;base64," in (report / "report.html").read_text()  # figures inlined
+    # The two arms share one corpus, one tiny policy and one SFT checkpoint (same output format).
+    shared = tmp_path / "shared"
+    markers = {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")}
+    assert sorted(name.split("-")[0] for name in markers) == ["corpus", "sft", "tiny"], markers
+    # MLflow: one parent run, a child per arm × seed, the report among the parent's artifacts.
+    client = MlflowClient(cli_places["tracking.tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("progress-sql").experiment_id])
+    parent = next(r for r in runs if r.info.run_name == "compare-two")
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert {"single-turn-seed1", "oneshot-seed1", "broken-seed1"} <= set(children)
+    assert children["oneshot-seed1"].data.metrics["dev/greedy/ex"] == cli_table["arms"]["oneshot"]["ex"]["dev/greedy"][0]
+    assert {"comparison/report.md", "comparison/report.html"} <= {
+        f.path for f in client.list_artifacts(parent.info.run_id, "comparison")}
+
+    # A rerun runs the missing arm only.
+    again = _cli("--preset", "cpu-demo", "compare-run", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
+    assert again.returncode == 1 and "3 arm × seed runs, 2 done before, 1 to run" in again.stdout, again.stdout
+
+    # The Prefect flow, against a real server, on the same comparison in another folder (sharing
+    # the shared outputs): the same table, the same metrics, the failure named in its state.
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.pipeline import compare_methods
+
+    flow_places = _places(tmp_path / "flow")
+    with prefect_server(tmp_path / "prefect") as stack, temporary_settings({PREFECT_API_URL: stack.api}):
+        state = compare_methods(comparison="two", preset="cpu-demo", params=str(params), overrides=flow_places,
+                                return_state=True)
+        APILogWorker.drain_all(timeout=30)  # the run's logs reach the server before it stops
+    assert state.is_failed() and "broken/seed-1" in state.message, state.message
+    flow_report = tmp_path / "flow" / "reports" / "two" / "cpu-demo"
+    assert json.loads((flow_report / "table.json").read_text()) == cli_table
+    for arm in ("single-turn", "oneshot"):
+        ran = [json.loads((tmp_path / where / "out" / "two" / "cpu-demo" / arm / "seed-1" / "result.json").read_text())
+               for where in ("cli", "flow")]
+        assert ran[0]["metrics"] == ran[1]["metrics"] and ran[0]["metrics"]["dev/greedy/n"] == 2
+        assert ran[0]["generated_tokens"] == ran[1]["generated_tokens"] > 0
+    assert {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")} == markers  # reused, not rebuilt
+
+
+def test_bad_comparisons_stop_before_anything_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from progress_sql.cli import app
+
+    ok = [{"name": "a", "preset": "progress-sql"}, {"name": "b", "preset": "oneshot"}]
+    cases = {
+        "unknown": ([{"name": "a", "preset": "progress-sql"}, {"name": "b", "preset": "no-such-preset"}], BUDGET,
+                    "arm 'b': unknown preset 'no-such-preset'"),
+        "twice": ([{"name": "a", "preset": "progress-sql"}, {"name": "a", "preset": "oneshot"}], BUDGET,
+                  "two arms are named 'a'"),
+        # reasoning-sql's G is 6 (its paper's): 16 trajectories a step cannot be split into groups of 6
+        "indivisible": ([*ok, {"name": "c", "preset": "reasoning-sql"}], {**BUDGET, "group_size": "method",
+                                                                          "trajectories_per_step": 16},
+                        "arm 'c': its G = 6 does not divide budget.trajectories_per_step = 16"),
+        "bad-key": (ok, {**BUDGET, "stepz": 3}, "budget.stepz"),
+        "bad-setting": ([ok[0], {"name": "b", "preset": "oneshot", "overrides": {"rl.group_size": 1}}], BUDGET,
+                        "rl.group_size"),
+    }
+    places = _places(tmp_path / "run")
+    for name, (arms, budget, message) in cases.items():
+        params = _write(tmp_path, name, arms, budget)
+        result = CliRunner().invoke(app, ["--preset", "cpu-demo", "compare-run", name, "--params", str(params),
+                                          *_sets(places)])
+        assert result.exit_code == 2, (name, result.output)
+        assert message in result.output, (name, result.output)
+    result = CliRunner().invoke(app, ["compare-run", "no-such-comparison", "--params", str(params)])
+    assert result.exit_code == 2 and "unknown comparison 'no-such-comparison'; available:" in result.output
+    # Without a scale the method presets apply whole: their 7B model is missing, named at once.
+    with pytest.raises(ComparisonError, match="rl.init_from: models/Qwen2.5-Coder-7B-Instruct does not exist"):
+        make_plan("methods", REPO / "params.yaml", "none")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "shared").exists()  # nothing written
+
+
+def test_the_scale_wins_for_paths_and_sizes_and_the_method_keeps_its_protocol():
+    demo = make_plan("methods", REPO / "params.yaml", "cpu-demo")  # its cpu-demo budget: G = 4 for all
+    assert len(demo.jobs) == 10  # 5 arms × 2 seeds
+    assert {(j.settings.rl.group_size, j.settings.rl.questions_per_step) for j in demo.jobs} == {(4, 4)}
+    # each paper's G, the budget matched in trajectories (a multiple of lcm(8, 6, 5) = 120)
+    plan = make_plan("methods", REPO / "params.yaml", "cpu-demo",
+                     budget_overrides={"group_size": "method", "trajectories_per_step": 120})
+    assert any("matched in generated trajectories" in note for note in plan.notes)
+    jobs = {job.label: job.settings for job in plan.jobs}
+    trail, sky, prog = jobs["sql-trail/seed-1"], jobs["skyrl-sql/seed-2"], jobs["progress-sql/seed-1"]
+    # the methods' own protocol: recipe, environment, G, turns, sampling, test-time protocol
+    assert (prog.rl.recipe, prog.rl.env, prog.rl.group_size, prog.env.max_turns) == ("progress", "odt_feedback", 8, 4)
+    assert (sky.rl.recipe, sky.rl.group_size, sky.env.trail_max_turns, sky.generation.temperature) == ("skyrl", 5, 5, 0.6)
+    assert trail.eval.multi_turn and trail.rl.clip_eps_high == 0.28
+    assert {s.rl.group_size * s.rl.questions_per_step for s in jobs.values()} == {120}
+    # the scale's: the tiny policy and the bundled corpus, not the presets' 7B model and datasets
+    assert all(s.data.source == "bundled" and s.model.hidden_size == 64 and s.rl.lr == 1e-4 for s in jobs.values())
+    assert jobs["reasoning-sql/seed-1"].rewards.reasoning_sql.judge_backend == "off"
+    assert sky.seed == sky.rl.seed == 2
+    # one corpus for all; one SFT per output format and settings it reads (progress-sql and oneshot share theirs)
+    assert len({j.corpus for j in plan.jobs}) == 1
+    sft = {j.arm: j.sft for j in plan.jobs}
+    assert sft["progress-sql"] == sft["oneshot"] and len(set(sft.values())) == 4
+    assert prog.rl.init_from == str(plan.shared_dir / sft["progress-sql"])
