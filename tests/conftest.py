@@ -53,6 +53,18 @@ def conformance() -> Path:
     return path
 
 
+# A question on ``school_db`` (students over 21), a wrong answer to it, and a well-formed output.
+GOLD = "SELECT name FROM student WHERE age > 21"
+WRONG = "SELECT name FROM student"
+
+
+def answer(sql: str, fmt: str = "think_sql") -> str:
+    """A well-formed output holding ``sql`` in format ``fmt``."""
+    from progress_sql.formats import answer_text
+
+    return answer_text(fmt, "reasoning", sql)
+
+
 @pytest.fixture()
 def school_db(tmp_path: Path) -> Path:
     """A small real database: departments, students, courses, enrolments."""
@@ -106,3 +118,23 @@ def no_active_run():
 
     while mlflow.active_run() is not None:
         mlflow.end_run()
+
+
+# ----------------------------------------------------------------------------- Spider conformance
+@pytest.fixture(scope="module")
+def spider(conformance: Path, tmp_path_factory) -> tuple[list[tuple[str, str, str]], dict[str, Path]]:
+    """The 322 dev pairs (gold, db_id, prediction) and a generated database per db_id."""
+    from spider_conformance import spider_databases
+
+    return spider_databases(conformance, tmp_path_factory.mktemp("spider_dbs"))
+
+
+@pytest.fixture(scope="module")
+def judge():
+    """The batched verdict over a one-worker SQL pool, as the evaluation builds it."""
+    from progress_sql.config import default_settings
+    from progress_sql.sql import BatchVerdicts, GoldCache, SQLPool
+
+    sandbox = default_settings().sandbox
+    with SQLPool(workers=1, settings=sandbox) as pool:
+        yield BatchVerdicts(sandbox, pool=pool, gold_cache=GoldCache(settings=sandbox))

@@ -18,7 +18,7 @@ from typer.testing import CliRunner  # noqa: E402
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 
 TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
@@ -46,7 +46,7 @@ def workdir(tmp_path_factory):
     raw["tracking"]["model_cache_dir"] = str(root / "cache")
     settings = settings_from_dict(raw)
     (root / "params.yaml").write_text(json.dumps(settings.model_dump(mode="json")))  # JSON is YAML
-    build_corpus(settings, root / "corpus", progress=False)
+    small_corpus(root / "corpus", settings)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
         mp.delenv(tracking.PARENT_ENV, raising=False)

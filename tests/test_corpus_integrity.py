@@ -21,7 +21,7 @@ from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
 from progress_sql.corpus.integrity import corpus_damage, require_intact  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 from progress_sql.data.generate_db import database_fingerprint  # noqa: E402
 from progress_sql.data.validation import FILES_MATCH  # noqa: E402
 
@@ -51,7 +51,7 @@ def project(tmp_path_factory):
     raw["rl"].update(init_from=str(root / "base"), out_dir=str(root / "rl"))
     settings = settings_from_dict(raw)
     (root / "params.yaml").write_text(json.dumps(settings.model_dump(mode="json")))  # JSON is YAML
-    build_corpus(settings, root / "pristine", progress=False)
+    small_corpus(root / "pristine", settings)
     build_tiny_model(root / "pristine", settings, root / "base")
     return root
 

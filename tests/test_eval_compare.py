@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from progress_sql.cli import app
 from progress_sql.config import settings_from_dict
-from progress_sql.data.build import build_corpus
+from corpora import small_corpus
 from progress_sql.eval import ORACLE, run_eval
 from progress_sql.eval.compare import CompareError, compare_runs, mcnemar_exact, read_predictions
 from progress_sql.eval.generators import Completion
@@ -38,7 +38,7 @@ class HalfRight:
 def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("compare")
     settings = settings_from_dict(SETTINGS)
-    build_corpus(settings, root / "corpus", progress=False)
+    small_corpus(root / "corpus", settings)
     run_eval(settings, ORACLE, root / "corpus", None, root / "oracle", progress=False)
     run_eval(settings, HalfRight(), root / "corpus", None, root / "half", progress=False)
     return root / "corpus", root / "oracle", root / "half"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from progress_sql.config import EvalSettings, settings_from_dict
-from progress_sql.data.build import build_corpus
+from corpora import small_corpus
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.eval import ORACLE, run_eval
 from progress_sql.envs import Request
@@ -36,7 +36,7 @@ def make_settings(**sections):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("eval") / "corpus"
-    build_corpus(make_settings(), out, progress=False)
+    small_corpus(out, make_settings())
     return out
 
 

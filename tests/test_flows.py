@@ -65,11 +65,11 @@ def pipeline(prefect_api, tmp_path_factory):
     into the same folder), which the run rebuilds: (root folder, overrides, final state, the
     stale corpus's data version)."""
     from progress_sql import tracking
-    from progress_sql.data.build import build_corpus
+    from corpora import small_corpus
 
     root = tmp_path_factory.mktemp("pipeline")
     overrides = tiny_overrides(root)
-    build_corpus(settings_from_dict({}, overrides={**overrides, "data.seed": 1}), root / "corpus", progress=False)
+    small_corpus(root / "corpus", settings_from_dict({}, overrides={**overrides, "data.seed": 1}))
     stale = tracking.data_version(root / "corpus")
     state = training_pipeline(params=PARAMS, overrides=overrides, reports=str(root / "reports"), return_state=True)
     return root, overrides, state, stale
@@ -220,10 +220,10 @@ def test_a_bad_override_fails_the_run_at_once_with_the_settings_message(prefect_
 
 
 def test_a_corpus_that_fails_validation_stops_with_every_failed_expectation(prefect_api, tmp_path):
-    from progress_sql.data.build import build_corpus
+    from corpora import small_corpus
 
     settings = settings_from_dict({}, overrides=tiny_overrides(tmp_path))
-    build_corpus(settings, tmp_path / "corpus", progress=False)
+    small_corpus(tmp_path / "corpus", settings)
     dev_db = json.loads((tmp_path / "corpus" / "dev.jsonl").read_text().splitlines()[0])["db_id"]
     shutil.rmtree(tmp_path / "corpus" / "databases" / dev_db)
     with pytest.raises(StageFailed, match="corpus validation failed") as failed:

@@ -26,7 +26,7 @@ from progress_sql.data.importing import import_corpus
 from progress_sql.sql import hardness
 
 from conftest import SPIDER_ROWS
-from test_eval_conformance import _literals, _rows, read_pairs  # generated rows for Spider schemas
+from spider_conformance import literals, read_pairs, spider_rows  # generated rows for Spider schemas
 
 # ----------------------------------------------------------------------------- the datasets
 SPIDER_TRAIN = [
@@ -95,7 +95,7 @@ def _database(entries: dict, db_id: str, path: Path, queries=(), seed: int = 0) 
     if db_id in SPIDER_ROWS and seed == 0:
         rows = SPIDER_ROWS[db_id]
     else:
-        rows = _rows(schema, _literals(list(queries)), random.Random(f"{db_id}:{seed}"))
+        rows = spider_rows(schema, literals(list(queries)), random.Random(f"{db_id}:{seed}"))
     create_database(schema, path, rows=rows)
 
 

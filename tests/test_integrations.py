@@ -1,14 +1,13 @@
 """What every framework adapter (progress_sql.integrations) shares: importing them imports no
 framework, bad input gets the recipe's floor with a reason and never raises, no database is
 ever written, the sandbox's timeout bounds a call, and batched scoring (through the SQL process
-pool) gives the one-by-one rewards. The helpers here are used by the per-framework test files."""
+pool) gives the one-by-one rewards."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import re
 import subprocess
 import sys
 import time
@@ -26,48 +25,12 @@ from progress_sql.integrations import trl as trl_adapter
 from progress_sql.integrations import verl as verl_adapter
 from progress_sql.sql import SQLPool
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL_DATA = {"n_databases": 3, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
-              "test_size": 4, "neighbours": 0, "rows_scale": 0.3}
-GOLD = "SELECT name FROM student WHERE age > 21"
-WRONG = "SELECT name FROM student"
+from conftest import GOLD, WRONG, answer
+
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
 # ----------------------------------------------------------------------------- helpers
-def answer(sql: str, fmt: str = "think_sql") -> str:
-    """A well-formed output holding ``sql``."""
-    return answer_text(fmt, "reasoning", sql)
-
-
-def build_small_corpus(root: Path) -> Path:
-    """A generated corpus of three small databases (build_corpus, ~0.2 s)."""
-    from progress_sql.config import settings_from_dict
-    from progress_sql.data.build import build_corpus
-
-    out = root / "corpus"
-    build_corpus(settings_from_dict({"data": SMALL_DATA}), out, progress=False)
-    return out
-
-
-def python_blocks(doc: str) -> list[str]:
-    """The ```python blocks of a docs page, in order."""
-    return re.findall(r"```python\n(.*?)```", (REPO / doc).read_text(encoding="utf-8"), re.DOTALL)
-
-
-def fenced_blocks(doc: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", (REPO / doc).read_text(encoding="utf-8"), re.DOTALL)
-
-
-def run_doc_block(code: str, name: str, monkeypatch, env: dict[str, str]) -> dict:
-    """Execute a docs block as a script with ``env`` set; return its globals."""
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    namespace = {"__name__": "__main__"}
-    exec(compile(code, name, "exec"), namespace)  # noqa: S102 - the docs' own example
-    return namespace
-
-
 def folder_state(folder: Path) -> dict[str, str]:
     """Every file of ``folder`` with the sha256 of its bytes."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}

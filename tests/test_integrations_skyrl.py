@@ -16,12 +16,14 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.integrations import skyrl_gym as skyrl_adapter  # noqa: E402
 from progress_sql.integrations.tasks import example_from_row  # noqa: E402
-from test_integrations import GOLD, WRONG, answer, build_small_corpus, python_blocks, run_doc_block  # noqa: E402
+from conftest import GOLD, WRONG, answer  # noqa: E402
+from corpora import small_corpus  # noqa: E402
+from doc_blocks import python_blocks, run_doc_block  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return build_small_corpus(tmp_path_factory.mktemp("skyrl"))
+    return small_corpus(tmp_path_factory.mktemp("skyrl") / "corpus")
 
 
 @pytest.fixture(autouse=True)

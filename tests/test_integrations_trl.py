@@ -20,7 +20,9 @@ from transformers.utils import get_json_schema  # noqa: E402
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.integrations import trl as trl_adapter  # noqa: E402
 from progress_sql.integrations.tasks import ROW_COLUMNS, example_from_row  # noqa: E402
-from test_integrations import answer, build_small_corpus, python_blocks, run_doc_block  # noqa: E402
+from conftest import answer  # noqa: E402
+from corpora import small_corpus  # noqa: E402
+from doc_blocks import python_blocks, run_doc_block  # noqa: E402
 
 TINY_MODEL = {"vocab_size": 1024, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
               "intermediate_size": 64, "copy_warmup": {"steps": 0}}
@@ -38,7 +40,7 @@ def tiny(tmp_path_factory):
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("trl")
-    corpus = build_small_corpus(root)
+    corpus = small_corpus(root / "corpus")
     model = build_tiny_model(corpus, settings_from_dict({"model": TINY_MODEL}), root / "model")
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.chat_template = qwen2_5_chat_template

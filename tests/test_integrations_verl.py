@@ -28,7 +28,9 @@ from progress_sql import envs, rewards
 from progress_sql.cli import app
 from progress_sql.integrations import verl as verl_adapter
 from progress_sql.integrations.tasks import example_from_row
-from test_integrations import GOLD, REPO, answer, build_small_corpus, fenced_blocks
+from conftest import GOLD, REPO, answer
+from corpora import small_corpus
+from doc_blocks import fenced_blocks
 
 VERL_MODULES = ("verl.interactions.base", "verl.interactions.utils.interaction_registry", "verl.utils.import_utils")
 
@@ -61,7 +63,7 @@ def verl_modules():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return build_small_corpus(tmp_path_factory.mktemp("verl"))
+    return small_corpus(tmp_path_factory.mktemp("verl") / "corpus")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 pytest.importorskip("torch")
 
-from test_flows import PARAMS  # noqa: E402  (it puts the repository on sys.path)
+from conftest import REPO  # noqa: E402
 
 from local_stack import (  # noqa: E402
     DEPLOYMENTS,
@@ -33,6 +33,8 @@ from local_stack import (  # noqa: E402
     wait_for_flow_run,
     wait_for_output,
 )
+
+PARAMS = str(REPO / "params.yaml")
 
 STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}
 
@@ -114,7 +116,6 @@ def test_progress_sql_ui_refuses_a_busy_port_and_finds_the_store_from_any_folder
 
     from typer.testing import CliRunner
 
-    from conftest import REPO
     from progress_sql.cli import app
     from progress_sql.servers import mlflow_store_uri, project_root
 

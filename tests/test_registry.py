@@ -19,7 +19,7 @@ from typer.testing import CliRunner  # noqa: E402
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite  # noqa: E402
 from progress_sql.envs.prompts import round1_messages  # noqa: E402
@@ -50,7 +50,7 @@ def model_dir(store, tmp_path_factory):
     """The untrained tiny policy of the project (tokenizer trained on a small bundled corpus)."""
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("tiny")
-    build_corpus(make_settings(store), root / "corpus", progress=False)
+    small_corpus(root / "corpus", make_settings(store))
     return build_tiny_model(root / "corpus", make_settings(store), root / "base")
 
 

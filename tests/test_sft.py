@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402
 from progress_sql.odt import FALLBACK_FEEDBACK, VALUE_MISMATCH, diagnose, feedback_text  # noqa: E402
@@ -55,7 +55,7 @@ def workdir(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("sft")
     settings = make_settings(root)
-    build_corpus(settings, root / "corpus", progress=False)
+    small_corpus(root / "corpus", settings)
     build_tiny_model(root / "corpus", settings, root / "base")
     return root
 

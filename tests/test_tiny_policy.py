@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM  # noqa: E402
 
 from progress_sql.config import settings_from_dict  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402
 from progress_sql.odt import TAGS, feedback_text  # noqa: E402
@@ -49,7 +49,7 @@ def tiny_settings(**model):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "corpus"
-    build_corpus(tiny_settings(), out, progress=False)
+    small_corpus(out, tiny_settings())
     return out
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner  # noqa: E402
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.config import Settings, settings_from_dict  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
+from corpora import small_corpus  # noqa: E402
 from progress_sql.eval import EvalResult  # noqa: E402
 
 from conftest import REPO  # noqa: E402
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("no_active_run")
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("tracking") / "corpus"
-    build_corpus(settings_from_dict({"data": CORPUS}), out, progress=False)
+    small_corpus(out, settings_from_dict({"data": CORPUS}))
     return out
 
 

@@ -8,7 +8,7 @@ then one step with a ``think_sql`` output). Adapter side: ``integrations.scoring
 it (a pool, its own gold cache), ``sql.verdict`` (one prediction) and the Spider evaluator's
 ``sql.execution_match``, written apart from it. The raw executions (what "executable" and the feedback read) must be equal too.
 
-Pairs: the Spider conformance pairs of tests/test_eval_conformance.py (its databases, the 322
+Pairs: the Spider conformance pairs of tests/spider_conformance.py (its databases, the 322
 labelled dev pairs, each gold against itself, and its mutations), and mutations of golds on a
 small database built here, whose repeated values make DISTINCT matter and whose ties make
 ORDER BY matter. The DISTINCT case of the issue is checked explicitly, with the old raw
@@ -33,7 +33,7 @@ from progress_sql.integrations.scoring import score_batch
 from progress_sql.rewards import make_turn
 from progress_sql.sql import BatchVerdicts, Candidate, execute, execution_match, order_matters, results_match, verdict
 
-from test_eval_conformance import judge, mutations, spider  # noqa: F401  (fixtures and helpers)
+from spider_conformance import mutations  # noqa: E402
 
 SETTINGS = default_task_settings()  # what the environments default to
 
