@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from progress_sql.comparisons.spec import JobResult, Plan
 from progress_sql.eval.compare import MODES, compare_split, read_predictions
+from progress_sql.eval.reports import markdown_table
 from progress_sql.files import write_json, write_text
 
 ODT_KEYS = ("select", "join", "where", "group", "avg", "parse_error_rate")
@@ -244,11 +245,7 @@ def _cell(text: str) -> str:
 
 
 def _render_table_md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    if not rows:
-        return "(none)"
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(header, [[_cell(c) for c in row] for row in rows]) if rows else "(none)"
 
 
 def _markdown(title: str, description: str, sections: Sequence[tuple[str, list[Block]]]) -> str:

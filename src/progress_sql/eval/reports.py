@@ -54,7 +54,8 @@ def decoding_modes(split_metrics: dict[str, Any], *, with_pass: bool = False) ->
     return sorted(keys, key=lambda k: (order.get(k, 1 if k.startswith("vote_at_") else 2), k))
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table of ``rows`` under ``header`` (cells as given: escape ``|`` yourself)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -79,7 +80,7 @@ def _accuracy_table(model: str, metrics: dict[str, Any], splits: Sequence[str]) 
             if with_ts[s]:
                 row.append(pct(m.get("ts")))
         rows.append(row)
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _mismatch_table(model: str, metrics: dict[str, Any]) -> str | None:
@@ -91,7 +92,7 @@ def _mismatch_table(model: str, metrics: dict[str, Any]) -> str | None:
                          str(odt["n_profiled"]), pct(odt["parse_error_rate"])])
     if not rows:
         return None
-    return _table(["Model", "Split", "SELECT", "JOIN", "WHERE", "GROUP", "Avg. Err.", "Profiled", "Unparsed"], rows)
+    return markdown_table(["Model", "Split", "SELECT", "JOIN", "WHERE", "GROUP", "Avg. Err.", "Profiled", "Unparsed"], rows)
 
 
 def _breakdown_tables(metrics: dict[str, Any], key: str, labels_of) -> str | None:
@@ -113,7 +114,7 @@ def _breakdown_tables(metrics: dict[str, Any], key: str, labels_of) -> str | Non
                 rows.append([mode_label(mode), metric.upper(),
                              *(pct(m[mode][key].get(label, {}).get(metric)) for label in labels),
                              pct(m[mode].get(metric))])
-        blocks.append(f"{split_title(split)}:\n\n" + _table(header, rows))
+        blocks.append(f"{split_title(split)}:\n\n" + markdown_table(header, rows))
     return "\n\n".join(blocks) if blocks else None
 
 
@@ -125,7 +126,7 @@ def _pass_table(metrics: dict[str, Any]) -> str | None:
                          *(pct(m[key]["by_hardness"].get(level, {}).get("ex")) for level in HARDNESS_LEVELS)])
     if not rows:
         return None
-    return _table(["Split", "k", "EX", *HARDNESS_LEVELS], rows)
+    return markdown_table(["Split", "k", "EX", *HARDNESS_LEVELS], rows)
 
 
 def _details_table(metrics: dict[str, Any]) -> str:
@@ -141,7 +142,7 @@ def _details_table(metrics: dict[str, Any]) -> str:
                 extra = f"mean votes {d['mean_votes']:.2f}, all invalid {pct(d['all_invalid_rate'])}%"
             rows.append([split_title(split), mode_label(mode), str(d["n"]),
                          *(metric.text(d.get(metric.name)) for metric in registry.METRICS), extra])
-    return _table(["Split", "Decoding", "n", *(metric.label for metric in registry.METRICS), "Notes"], rows)
+    return markdown_table(["Split", "Decoding", "n", *(metric.label for metric in registry.METRICS), "Notes"], rows)
 
 
 def _ordered_hardness(groups: dict[str, Any]) -> list[str]:

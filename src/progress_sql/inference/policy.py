@@ -106,14 +106,14 @@ class TemplateDeltas:
 class ConversationTokens:
     """One conversation's token record: ``input_ids``, ``loss_mask`` (1 = sampled by the
     policy) and ``logprobs`` (the sampler's, at mask-1 positions; 0.0 elsewhere);
-    ``samples``: the sampled turns in order; ``messages``: how many messages of the
+    ``samples``: the sampled turns in order; ``n_messages``: how many messages of the
     conversation the record holds (its last sampled reply included)."""
 
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-    messages: int = 0
+    n_messages: int = 0
 
     @property
     def turns(self) -> int:
@@ -171,7 +171,7 @@ class TokenPolicy:
             conv = self.records[episode] = ConversationTokens()
             conv.extend(chat_prompt_ids(self.tokenizer, messages, add_generation_prompt=True), 0)
             return conv
-        seen = conv.messages
+        seen = conv.n_messages
         reply = {"role": "assistant", "content": conv.samples[-1].text}
         if len(messages) < seen or dict(messages[seen - 1]) != reply:
             raise ValueError(f"TokenPolicy: episode {episode}'s conversation does not continue the one it "
@@ -223,7 +223,7 @@ class TokenPolicy:
                 raise ValueError(f"the backend gave {len(sample.logprobs)} logprobs for {len(sample.token_ids)} tokens")
             conv.extend(sample.token_ids, 1, sample.logprobs)
             conv.samples.append(sample)
-            conv.messages = len(request.messages) + 1
+            conv.n_messages = len(request.messages) + 1
             outputs.append(sample)
         return outputs
 

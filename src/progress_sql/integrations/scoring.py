@@ -29,6 +29,7 @@ from progress_sql import rewards
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.rewards.types import Judge, Recipe, Trajectory, Turn
 from progress_sql.sql import BatchVerdicts, SQLPool
+from progress_sql.sql.verdict import gold_comparison_result
 
 REASONS = ("no_sql", "no_database", "gold_failed", "error")
 
@@ -92,7 +93,7 @@ def check_task(db_path: Any, gold_sql: Any, settings: Any, semantics: str = "spi
     path = Path(db_path)
     if not path.is_file():
         return f"no_database: {path} is not a file"
-    gold = BatchVerdicts(settings.sandbox).gold(path, gold_sql, semantics or "spider")
+    gold = gold_comparison_result(path, gold_sql, semantics or "spider", settings.sandbox)
     if not gold.ok:
         return f"gold_failed: {gold.error}: {gold.message}"
     return ""
