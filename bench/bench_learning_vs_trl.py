@@ -1,16 +1,17 @@
 """Does the trainer learn what it is paid for? This project's ``run_rl`` against TRL's
 ``GRPOTrainer`` on the same task, several learning rates × seeds.
 
-The task: the school corpus (``progress_sql.data.toy``: one database, four train questions),
-the 64-wide 2-layer tiny policy after 80 SFT steps (``half_right_sft``: about half of its
-temperature-1 rollouts right), single turn, the ``oneshot`` reward computed by the same code
-(``rewards.turns.make_turn`` + the recipe). Both sides: the same starting weights, G, prompts
-in the same order (each step sees the four questions), temperature 1, max new tokens, stop at
-``</sql>`` (TRL through the eos ids, see ``bench_rl_vs_trl.trl_trainer``), AdamW at the same
-lr, constant schedule, clipping, the ``grpo`` loss (per-sequence token mean), no KL,
-``--updates-per-batch`` passes over each batch (1: TRL's default; GRPO's μ), and
-``rl.negative_advantage_scale`` 1.0 (GRPO as published). Seeds seed the
-sampling of both (the two draw different samples, hence several seeds).
+The task is the learning test's (``tests/test_trainer.py``), on its corpus: the school corpus
+(``tests/corpora.py``: one database, four train questions), the 64-wide 2-layer tiny policy
+after 80 SFT steps (``half_right_sft``: about half of its temperature-1 rollouts right), single
+turn, the ``oneshot`` reward computed by the same code (``rewards.turns.make_turn`` + the
+recipe). Both sides: the same starting weights, G, prompts in the same order (each step sees
+the four questions), temperature 1, max new tokens, stop at ``</sql>`` (TRL through the eos
+ids, see ``bench_rl_vs_trl.trl_trainer``), AdamW at the same lr, constant schedule, clipping,
+the ``grpo`` loss (per-sequence token mean), no KL, ``--updates-per-batch`` passes over each
+batch (1: TRL's default; GRPO's μ), and ``rl.negative_advantage_scale`` 1.0 (GRPO as
+published). Seeds seed the sampling of both (the two draw different samples, hence several
+seeds).
 
 Prints per lr and side: the mean reward and rollout EX of every step (mean over seeds), then
 the mean reward over the last third of the steps and the rollout EX over the first and the
@@ -46,8 +47,11 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rl_vs_trl import TrlCalls, trl_trainer  # noqa: E402
 
+# The school corpus lives with the learning test it serves; the bench runs from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from corpora import half_right_sft, school_corpus, school_settings  # noqa: E402
+
 from progress_sql.config import Settings  # noqa: E402
-from progress_sql.data.toy import half_right_sft, school_corpus, school_settings  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import run_rl  # noqa: E402

@@ -8,9 +8,10 @@ gradient. Each repeat runs it three ways back to back, same questions and seed (
 rotates between repeats):
 
 - ``before``: every turn prefills the whole conversation; the KV cache grows by ``torch.cat``
-  (transformers' plain ``DynamicCache``): the backend before these two changes;
-- ``grow``: every turn prefills the whole conversation; the cache grows in place
-  (``backends.transformers._GrowingLayer``);
+  (transformers' plain ``DynamicCache``, ``TransformersBackend(grow_cache=False)``): the
+  backend before these two changes;
+- ``grow``: every turn prefills the whole conversation; the cache grows in place, into spare
+  room doubled when full (``grow_cache``, the default);
 - ``kept``: ``grow`` plus kept prefixes (a turn prefills only the tokens added since the
   conversation's last sample): what ``run_rl`` does.
 
@@ -61,7 +62,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
 
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.cli.common import parse_overrides  # noqa: E402
@@ -76,7 +76,6 @@ from progress_sql.inference.backends import (  # noqa: E402
     make_backend,
     stop_index,
 )
-from progress_sql.inference.backends import transformers as sampling_loop  # noqa: E402
 from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.inference.settings import BACKENDS  # noqa: E402
@@ -163,18 +162,13 @@ class Bench:
 def compare_modes(bench: Bench) -> None:
     """The transformers backend three ways: before / grow / kept (see the module docstring)."""
     args, model = bench.args, bench.model
-    backend = TransformersBackend(model, bench.tokenizer, bench.gen.batch_size)
     modes = ("before", "grow", "kept")
-    grown_cache = sampling_loop._new_cache
+    backends = {mode: TransformersBackend(model, bench.tokenizer, bench.gen.batch_size, grow_cache=mode != "before")
+                for mode in modes}
 
     def one_rollout(repeat: int, mode: str) -> tuple[float, list[list[int]], int, ForwardCounter]:
-        if mode == "before":  # the plain DynamicCache the backend used before _GrowingLayer
-            sampling_loop._new_cache = lambda config: DynamicCache(config=config)
-        try:
-            counter = ForwardCounter(model)
-            seconds, ids, sampled = bench.rollout(backend, repeat, mode == "kept", counter)
-        finally:
-            sampling_loop._new_cache = grown_cache
+        counter = ForwardCounter(model)
+        seconds, ids, sampled = bench.rollout(backends[mode], repeat, mode == "kept", counter)
         return seconds, ids, sampled, counter
 
     print(bench.header())

@@ -1,7 +1,7 @@
-"""A throwaway local stack for tests and scripts/screenshots.py: the servers of
-``progress_sql.servers`` (what ``progress-sql ui`` starts) with their state in a temporary
-folder, plus the REST calls the UI's buttons make (create a run of a deployment, wait for it,
-read its logs) and the demo configuration with every path under one folder.
+"""A throwaway local stack for the tests: the servers of ``progress_sql.servers`` (what
+``progress-sql ui`` starts, and the REST calls the UI's buttons make) with their state in a
+temporary folder, ``progress-sql ui`` itself as a process, and the demo configuration with
+every path under one folder.
 
 Every process is started in its own session and stopped (SIGINT, then SIGKILL) by the
 context managers, however the block ends.
@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import httpx
 
 from progress_sql.config import dotted_items, load_preset
-from progress_sql.servers import (  # noqa: F401  (re-exported for the tests and the screenshot script)
+from progress_sql.servers import (  # noqa: F401  (re-exported for the tests)
     DEPLOYMENTS,
     QUIET_ENV,
     MlflowServer,
@@ -28,16 +28,18 @@ from progress_sql.servers import (  # noqa: F401  (re-exported for the tests and
     Process,
     Served,
     api_post,
+    create_flow_run,
+    flow_run_logs,
     free_port,
     mlflow_server,
     port_in_use,
     prefect_server as _prefect_server,
     served_deployments,
     stop,
+    wait_for_flow_run,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 DEMO_PRESET = "cpu-demo"
 # Served deployments pick up a new run within ~2 s instead of ~10 s.
 FAST_POLL = {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}
@@ -119,36 +121,6 @@ def wait_for_deployments(api: str, names: tuple[str, ...], proc: subprocess.Pope
         time.sleep(1.0)
     raise TimeoutError(f"deployments {names} not served after {timeout_s:.0f} s (have {sorted(found)}):\n"
                        f"{log.read_text()[-4000:]}")
-
-
-# ----------------------------------------------------------------------------- runs over the REST API
-def create_flow_run(stack: PrefectStack | str, deployment_id: str, parameters: dict[str, Any]) -> str:
-    """Start a run of a deployment as the UI's "Run" button does; the flow run id. ``stack``:
-    a PrefectStack or the API URL."""
-    return api_post(_api(stack), f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters})["id"]
-
-
-def wait_for_flow_run(stack: PrefectStack | str, flow_run_id: str, timeout_s: float) -> dict[str, Any]:
-    """Poll the flow run until a terminal state (or raise TimeoutError); the flow run JSON."""
-    deadline = time.monotonic() + timeout_s
-    run: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        run = httpx.get(f"{_api(stack)}/flow_runs/{flow_run_id}", timeout=30).json()
-        if (run.get("state") or {}).get("type") in TERMINAL_STATES:
-            return run
-        time.sleep(1.0)
-    raise TimeoutError(f"flow run {flow_run_id} still {(run.get('state') or {}).get('type')} after {timeout_s:.0f} s")
-
-
-def flow_run_logs(stack: PrefectStack | str, flow_run_id: str, limit: int = 200) -> list[str]:
-    """The flow run's log messages (oldest first)."""
-    rows = api_post(_api(stack), "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": limit,
-                                                  "sort": "TIMESTAMP_ASC"})
-    return [row["message"] for row in rows]
-
-
-def _api(stack: PrefectStack | str) -> str:
-    return stack if isinstance(stack, str) else stack.api
 
 
 # ----------------------------------------------------------------------------- the demo configuration

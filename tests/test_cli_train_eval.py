@@ -103,7 +103,7 @@ def test_train_init_sft_rl_then_eval(workdir):
     rl = json.loads((workdir / "reports" / "train" / "rl.json").read_text())
     assert rl["rl/steps"] == 2 and "rl/reward_mean" in rl
     n_train = len((workdir / "corpus" / "train.jsonl").read_text().splitlines())
-    assert rl["rl/questions"] == n_train and f"on {n_train} train questions (rl.question_pool: all)" in result.output
+    assert rl["rl/questions"] == n_train and f"on {n_train} train questions (rl.questions: all)" in result.output
     (rl_run,) = stage_runs("train")
     assert [m.step for m in MlflowClient().get_metric_history(rl_run.info.run_id, "rl/reward/mean")] == [1, 2]
 

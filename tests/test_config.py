@@ -95,6 +95,9 @@ def test_defaults_md_numbers_are_present():
         ({"generation": {"vllm_dtype": "bfloat16"}}, "generation.vllm_dtype is now generation.vllm.dtype"),
         ({"generation": {"prefix_cache": False}}, "generation.prefix_cache is now generation.transformers.prefix_cache"),
         ({"generation": {"vllm": {"dtpye": "auto"}}}, "generation.vllm.dtpye: unknown key"),
+        # renamed keys name their new name ("pool" is the sandbox's, sql.pool)
+        ({"rl": {"question_pool": "solved"}}, "rl.question_pool is now rl.questions"),
+        ({"rl": {"pool_candidates": 40}}, "rl.pool_candidates is now rl.solved_candidates"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, fragment):
@@ -108,6 +111,8 @@ def test_overrides_are_validated(tmp_path: Path):
     assert s.env.max_turns == 2 and s.rewards.progress.gamma == 0.25
     with pytest.raises(SettingsError, match="env.max_turns"):
         load_settings(PARAMS, overrides={"env.max_turns": 0})
+    with pytest.raises(SettingsError, match=r"rl\.question_pool is now rl\.questions"):
+        load_settings(PARAMS, overrides={"rl.question_pool": "solved"})
     from progress_sql.cli.common import parse_overrides  # what `--set KEY=VALUE` passes on
 
     with pytest.raises(SettingsError, match="rl.lr: Input should be a finite number"):

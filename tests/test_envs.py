@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,8 @@ from progress_sql.envs import ScriptedPolicy, SchemaTexts, ddl_from_sqlite, roll
 from progress_sql.envs.exec_feedback import format_result
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION
 from progress_sql.odt import FALLBACK_FEEDBACK, PARSE_ERROR, VALUE_MISMATCH, diagnose, feedback_text
-from progress_sql.sql import GoldCache, execute
+from progress_sql.sql import BatchVerdicts, GoldCache, execute
+from progress_sql.sql.worker import execute_isolated
 
 GOLD = "SELECT name FROM student WHERE age > 20"
 OLDER = Example(id="q1", db_id="school", question="Which students are older than 20?", gold_sql=GOLD, hardness="easy")
@@ -236,7 +238,7 @@ def test_batched_rollout_equals_running_each_alone(school_db, name):
     assert [len(b) for b in recording.batches] == [3, 2, 2, 1] + ([1] if name == "exec_feedback" else [])
 
 
-def test_rollout_executes_each_gold_once_and_names_each_request_by_its_episode(school_db):
+def test_rollout_judges_a_round_at_once_and_names_each_request_by_its_episode(school_db, monkeypatch):
     @dataclass
     class Generation:  # what a trainer's policy returns: text plus the sampled token ids
         text: str
@@ -250,11 +252,21 @@ def test_rollout_executes_each_gold_once_and_names_each_request_by_its_episode(s
             self.requests += batch
             return [Generation(sql_out(GOLD), (1, 2, 3)) for _ in batch]
 
+    executed = []  # the candidates' queries the judge runs (gold queries go through the cache)
+
+    def counting(db_path, sql, **kwargs):
+        executed.append(sql)
+        return execute_isolated(db_path, sql, **kwargs)
+
+    monkeypatch.setattr(sys.modules["progress_sql.sql.verdict"], "execute_isolated", counting)  # the module, not sql.verdict()
     policy = RecordPolicy()
     assert isinstance(policy, envs.Policy)
     cache = GoldCache()
-    episodes = rollout(envs.get("odt_feedback"), policy, [OLDER, DEPTS, OLDER], lambda _: school_db, gold_cache=cache)
+    episodes = rollout(envs.get("odt_feedback"), policy, [OLDER, DEPTS, OLDER], lambda _: school_db,
+                       judge=BatchVerdicts(gold_cache=cache))
     assert cache.misses == 2
+    # the three round-1 outputs are one query, run once; DEPTS's later rounds (its T turns) once each
+    assert executed == [GOLD] * episodes[1].K and episodes[1].K == 4
     # round 1 asks for every episode, then only DEPTS's (OLDER's gold is wrong for it) goes on
     assert [e.id for e in episodes] == [r.episode_id for r in policy.requests[:3]] == [0, 1, 2]
     assert {r.episode_id for r in policy.requests[3:]} == {1} and not episodes[1].correct

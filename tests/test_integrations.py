@@ -49,6 +49,41 @@ def test_importing_the_adapters_imports_no_framework():
     assert not any(loaded.values()), loaded
 
 
+def test_a_registered_environment_reaches_every_adapter(school_db):
+    """An environment with an ``Adapter`` in the registry is a protocol of every framework: the
+    adapters build their classes from ``envs.protocols()`` (in a fresh process, so the new
+    entry is there before the integrations are imported)."""
+    code = f"""
+import json, inspect
+from progress_sql import envs
+from progress_sql.envs.odt_feedback import ODTFeedbackEnv
+
+class Retry(ODTFeedbackEnv):  # ODT feedback under another protocol
+    name = "retry"
+    adapter = envs.Adapter(protocol="retry", stem="Retry", recipe="oneshot", tool="retry_answer", tool_arg="text",
+                           tool_doc="Retry.\\n\\nArgs:\\n    text: The answer.\\n\\nReturns:\\n    Feedback.")
+
+envs._ENVS[Retry.name] = Retry
+from progress_sql.integrations import sessions, skyrl_gym, trl, verl
+env = trl.RetryEnvironment()
+env.reset({str(school_db)!r}, {GOLD!r}, db_id="school", question="q")
+print(json.dumps({{
+    "protocols": sorted(sessions.PROTOCOLS),
+    "skyrl": skyrl_gym.ENV_IDS.get("progress-sql-retry"),
+    "verl": verl.INTERACTIONS.get("RetryInteraction"),
+    "tool": str(inspect.signature(env.retry_answer)),
+    "reply": env.retry_answer(text={answer(GOLD)!r}),
+    "recipe": env.session.recipe.name,
+}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["protocols"] == ["odt", "retry", "sql_tool"]
+    assert (got["skyrl"], got["verl"], got["recipe"]) == ("RetryEnv", "retry", "oneshot")
+    assert got["tool"] == "(text: str) -> str" and got["reply"] == trl_adapter.CORRECT
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.fixture()
 def broken_cases(school_db: Path) -> dict[str, tuple[str, Path, str, str]]:

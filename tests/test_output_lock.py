@@ -25,7 +25,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout  # noqa: E402
-from progress_sql.data.toy import school_corpus, school_settings  # noqa: E402
+from corpora import school_corpus, school_settings  # noqa: E402
 from progress_sql.files import FolderInUse, lock_path, writer_lock  # noqa: E402
 from progress_sql.train.checkpoint import STATE_FILE  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402

@@ -330,7 +330,7 @@ def tiny_policy(tmp_path_factory):
     """(corpus, policy): the trainer tests' corpus and the tiny model after a short SFT in the
     think_sql format, shared by every preset's step (a preset whose format differs still runs)."""
     torch = pytest.importorskip("torch")
-    from progress_sql.data.toy import half_right_sft, school_corpus as _corpus, school_settings as _settings
+    from corpora import half_right_sft, school_corpus as _corpus, school_settings as _settings
 
     from progress_sql.train.sft import run_sft
     from progress_sql.train.tiny import build_tiny_model

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.data.toy import half_right_sft, school_corpus as _corpus, school_settings as _settings  # noqa: E402  (the school corpus, tiny sizes)
+from corpora import half_right_sft, school_corpus as _corpus, school_settings as _settings  # noqa: E402  (the school corpus, tiny sizes)
 
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402

@@ -30,7 +30,7 @@ from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import collate, micro_batch_loss, micro_batches, question_indices, run_rl  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend  # noqa: E402
-from progress_sql.data.toy import QUESTIONS, half_right_sft, school_corpus, school_settings  # noqa: E402
+from corpora import QUESTIONS, half_right_sft, school_corpus, school_settings  # noqa: E402
 
 
 # On a GPU, DeepSpeed runs the module in bf16 (the code's choice there), and what is exact on a
@@ -328,10 +328,10 @@ def test_rl_raises_ex_on_its_own_questions(half_right, tmp_path):
     assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen)
 
 
-def test_question_pool_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):
-    """rl.question_pool solved: RL draws exactly the train questions whose greedy answer the
-    evaluation judges right (checked against run_eval on the same split), keeps that pool in
-    its checkpoints, and a resumed run draws from the same pool without a second pass."""
+def test_rl_questions_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):
+    """rl.questions solved: RL draws exactly the train questions whose greedy answer the
+    evaluation judges right (checked against run_eval on the same split), keeps them in its
+    checkpoints, and a resumed run draws from the same questions without a second pass."""
     from progress_sql.eval.runner import run_eval
 
     corpus, policy = half_right
@@ -353,26 +353,26 @@ def test_question_pool_solved_draws_only_what_the_policy_answers_greedily(half_r
     solved = {row["id"] for row in rows if row["greedy"]["ex"]}
     assert 0 < len(solved) < len(examples), rows
 
-    s.rl.deepspeed, s.rl.question_pool, s.rl.steps, s.rl.checkpoint_every = "never", "solved", 2, 1
+    s.rl.deepspeed, s.rl.questions, s.rl.steps, s.rl.checkpoint_every = "never", "solved", 2, 1
     result = run_rl(s, extended, out_dir=tmp_path / "run", progress=False)
     assert result.questions == len(solved)
     drawn = {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)}
     assert drawn <= solved and len(drawn) == min(len(solved), 2 * s.rl.questions_per_step)
-    pool_file = result.out_dir / "question_pool.jsonl"
-    recorded = [json.loads(line) for line in pool_file.read_text().splitlines()]
+    pass_file = result.out_dir / "solved_questions.jsonl"
+    recorded = [json.loads(line) for line in pass_file.read_text().splitlines()]
     assert {row["id"] for row in recorded if row["greedy"]["ex"]} == solved and len(recorded) == len(examples)
     state = json.loads((list_checkpoints(result.out_dir)[0] / "trainer_state.json").read_text())
-    assert set(state["question_pool"]) == solved
+    assert set(state["question_pool"]) == solved  # the key checkpoints written before the rename hold
 
-    pool_file.unlink()  # a resumed run takes the pool from the checkpoint: no second pass
+    pass_file.unlink()  # a resumed run takes the questions from the checkpoint: no second pass
     resumed = run_rl(s, extended, out_dir=tmp_path / "run", resume=list_checkpoints(result.out_dir)[0],
                      progress=False)
-    assert resumed.questions == len(solved) and not pool_file.exists()
+    assert resumed.questions == len(solved) and not pass_file.exists()
     assert [m["reward/mean"] for m in resumed.metrics] == [m["reward/mean"] for m in result.metrics]
 
-    s.rl.steps, s.rl.pool_candidates = 1, 3  # the pass tries a seeded sample of three questions
+    s.rl.steps, s.rl.solved_candidates = 1, 3  # the pass tries a seeded sample of three questions
     sampled = run_rl(s, extended, out_dir=tmp_path / "sampled", progress=False)
-    tried = [json.loads(line) for line in (sampled.out_dir / "question_pool.jsonl").read_text().splitlines()]
+    tried = [json.loads(line) for line in (sampled.out_dir / "solved_questions.jsonl").read_text().splitlines()]
     assert len(tried) == 3 and sampled.questions == sum(row["greedy"]["ex"] for row in tried)
     assert {row["id"] for row in tried if row["greedy"]["ex"]} <= solved
 

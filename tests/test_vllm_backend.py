@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
-from progress_sql.data.toy import half_right_sft, school_corpus, school_settings  # noqa: E402
+from corpora import half_right_sft, school_corpus, school_settings  # noqa: E402
 from progress_sql.inference.backends import (  # noqa: E402
     TransformersBackend,
     VLLMBackend,

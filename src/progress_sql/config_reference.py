@@ -1,5 +1,6 @@
 """The configuration reference (docs/CONFIG.md), generated from the settings model and the
-comments of params.yaml, so the documentation cannot drift from what is validated:
+comments of params.yaml (the project's: that of the working directory or a folder above it),
+so the documentation cannot drift from what is validated:
 ``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two).
 ``python -m progress_sql.config_reference --missing`` prints, as YAML to paste into
 params.yaml, the settings a new module added (a recipe's weights, a source's section) that
@@ -116,7 +117,27 @@ def missing_params(params_text: str) -> str:
     return yaml.safe_dump(missing, sort_keys=False) if missing else ""
 
 
+def find_params(start_dir: str | Path | None = None) -> Path:
+    """The project's params.yaml: in ``start_dir`` (default the working directory) or the
+    nearest folder above it that has one, as a checkout or a project of an installed package
+    keeps it (the package ships none); FileNotFoundError when there is none."""
+    here = Path(start_dir or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "params.yaml").is_file():
+            return folder / "params.yaml"
+    raise FileNotFoundError(f"no params.yaml in {here} or a folder above it: run this from the project folder")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m progress_sql.config_reference [--missing]`` on the project's params.yaml."""
+    try:
+        text = find_params().read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    sys.stdout.write(missing_params(text) if "--missing" in argv else reference_markdown(text))
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover - the generator entry point
-    root = Path(__file__).resolve().parents[2]
-    text = (root / "params.yaml").read_text(encoding="utf-8")
-    sys.stdout.write(missing_params(text) if "--missing" in sys.argv[1:] else reference_markdown(text))
+    sys.exit(main(sys.argv[1:]))

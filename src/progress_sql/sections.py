@@ -8,9 +8,9 @@ recipe's weights beside its code, ``envs.settings``, ``inference.settings``);
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 
 def _number_type(annotation: Any) -> bool:
@@ -25,6 +25,18 @@ class Section(BaseModel):
     # override never passes silently; numbers are finite (an infinite learning rate or weight
     # only fails steps later, as NaN).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+    # Keys the section no longer has, as full dotted names (old -> new): an old key in a user's
+    # file is an error naming its new place, not just an unknown key.
+    moved_keys: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            moved = [f"{old} is now {new}" for old, new in cls.moved_keys.items() if old.rsplit(".", 1)[-1] in data]
+            if moved:
+                raise ValueError("; ".join(moved))
+        return data
 
     @field_validator("*", mode="before")
     @classmethod

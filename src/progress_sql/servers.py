@@ -2,8 +2,9 @@
 served against it, and an MLflow server on the project's tracking store, all on 127.0.0.1.
 
 ``progress-sql ui`` runs them in the foreground (``run_ui``); the deployment test and
-scripts/screenshots.py use the same context managers. Each server is started in its own
-session, its output in a log file, and stopped (SIGINT, then SIGKILL of its process group)
+scripts/screenshots.py use the same context managers, and the REST calls the UI's buttons make
+(``create_flow_run``, ``wait_for_flow_run``, ``flow_run_logs``). Each server is started in its
+own session, its output in a log file, and stopped (SIGINT, then SIGKILL of its process group)
 however the block ends. What a user trips over is set here once:
 
 - the Prefect UI asks the API at ``PREFECT_SERVER_UI_API_URL`` (default port 4200 whatever
@@ -15,6 +16,8 @@ however the block ends. What a user trips over is set here once:
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import signal
 import socket
@@ -22,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +45,6 @@ QUIET_ENV = {
     "GX_ANALYTICS_ENABLED": "false",
     "HF_HUB_OFFLINE": "1",
 }
-_CHECKOUT = Path(__file__).resolve().parents[2]  # the repository of an editable install
 
 
 class ServerError(RuntimeError):
@@ -130,12 +134,27 @@ def wait_healthy(url: str, process: Process, timeout_s: float) -> None:
                       f"{process.tail()}")
 
 
+def installed_from() -> Path | None:
+    """The local folder pip installed this package from, as it records it (PEP 610's
+    direct_url.json): the checkout of ``pip install -e .`` or the folder of ``pip install .``;
+    None for an install from an index or a wheel file. (The package's own path says nothing:
+    after ``pip install .`` it lies in site-packages, far from any checkout.)"""
+    try:
+        record = importlib.metadata.distribution("progress-sql").read_text("direct_url.json")
+        url = json.loads(record or "{}").get("url", "")
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        return None
+    parsed = urllib.parse.urlparse(url)
+    return Path(urllib.request.url2pathname(parsed.path)) if parsed.scheme == "file" else None
+
+
 def project_root(start_dir: str | Path | None = None) -> Path:
     """The repository whose ``flows/serve.py`` serves the deployments: ``start_dir`` (default
-    the working directory) or a folder above it, else the checkout this package is installed
-    from; FileNotFoundError when there is none."""
+    the working directory) or a folder above it, else the checkout this package was installed
+    from (``installed_from``); FileNotFoundError when there is none."""
     here = Path(start_dir or Path.cwd()).resolve()
-    for folder in (here, *here.parents, _CHECKOUT):
+    source = installed_from()
+    for folder in (here, *here.parents, *([source] if source else [])):
         if (folder / "flows" / "serve.py").is_file() and (folder / "params.yaml").is_file():
             return folder
     raise FileNotFoundError("no flows/serve.py found: run this from the progress-sql repository")
@@ -194,6 +213,40 @@ def api_post(api: str, path: str, body: dict[str, Any], attempts: int = 5) -> An
             response.raise_for_status()
             return response.json()
         time.sleep(1.0)
+
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # a flow run's state types that end it
+
+
+def create_flow_run(stack: PrefectStack | str, deployment_id: str, parameters: dict[str, Any]) -> str:
+    """Start a run of a deployment as the UI's "Run" button does; the flow run id. ``stack``:
+    a PrefectStack or the API URL."""
+    return api_post(_api(stack), f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters})["id"]
+
+
+def wait_for_flow_run(stack: PrefectStack | str, flow_run_id: str, timeout_s: float) -> dict[str, Any]:
+    """Poll the flow run until a terminal state (or raise TimeoutError); the flow run JSON."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    run: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{_api(stack)}/flow_runs/{flow_run_id}", timeout=30).json()
+        if (run.get("state") or {}).get("type") in TERMINAL_STATES:
+            return run
+        time.sleep(1.0)
+    raise TimeoutError(f"flow run {flow_run_id} still {(run.get('state') or {}).get('type')} after {timeout_s:.0f} s")
+
+
+def flow_run_logs(stack: PrefectStack | str, flow_run_id: str, limit: int = 200) -> list[str]:
+    """The flow run's log messages (oldest first)."""
+    rows = api_post(_api(stack), "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": limit,
+                                                  "sort": "TIMESTAMP_ASC"})
+    return [row["message"] for row in rows]
+
+
+def _api(stack: PrefectStack | str) -> str:
+    return stack if isinstance(stack, str) else stack.api
 
 
 @dataclass

@@ -134,18 +134,21 @@ def export_verl(
     corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
     out: str = typer.Option("data/verl", "--out", help="Folder for <split>.parquet"),
     splits: list[str] = typer.Option(["train", "dev"], "--split", help="Split to export (repeatable)"),
-    recipe: str = typer.Option("progress", "--recipe", help="Reward recipe whose output format the prompts ask for"),
+    recipe: str = typer.Option(None, "--recipe",
+                               help="Reward recipe whose output format the prompts ask for (default: the protocol's)"),
+    protocol: str = typer.Option("odt", "--protocol", help="Multi-turn protocol whose interaction the rows name"),
     limit: int = typer.Option(None, "--limit", help="At most this many examples per split"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Write the corpus as verl's RL parquet files (prompt, reward_model, extra_info with the
-    database path and the ODT interaction's kwargs): see docs/integrations/verl.md."""
+    database path and the protocol's interaction kwargs): see docs/integrations/verl.md."""
     from progress_sql.corpus.records import CorpusError
     from progress_sql.integrations.verl import export_parquet
 
     settings = load_or_exit(params, parse_overrides(overrides))
     try:
-        written = export_parquet(corpus or settings.data.out_dir, out, splits, recipe, settings, limit=limit)
+        written = export_parquet(corpus or settings.data.out_dir, out, splits, recipe, settings, protocol=protocol,
+                                 limit=limit)
     except (CorpusError, KeyError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None

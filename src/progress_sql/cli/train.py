@@ -100,7 +100,7 @@ def rl(
         result, summary = stages.train_rl(settings, Path(corpus or settings.data.out_dir), out=out, resume=start,
                                           report_dir=report_dir, progress=progress)
     typer.echo(f"rl: {result.steps} steps ({settings.rl.recipe}, {settings.rl.env}, {settings.rl.algorithm}) on "
-               f"{result.questions} train questions (rl.question_pool: {settings.rl.question_pool}), "
+               f"{result.questions} train questions (rl.questions: {settings.rl.questions}), "
                f"stopped by {result.stopped_by}; final reward/mean {summary.get('rl/reward_mean', float('nan')):.3f}; "
                f"policy saved to {result.final_dir}")
     if result.start:

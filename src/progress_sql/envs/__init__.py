@@ -12,7 +12,17 @@ and ``exec_feedback`` (SQL-Trail / SkyRL-SQL tool loop). Pure Python: no torch.
 
 from __future__ import annotations
 
-from progress_sql.envs.base import PROMPT_TOO_LONG, Env, Episode, Policy, Request, ScriptedPolicy, StepResult, output_text
+from progress_sql.envs.base import (
+    PROMPT_TOO_LONG,
+    Adapter,
+    Env,
+    Episode,
+    Policy,
+    Request,
+    ScriptedPolicy,
+    StepResult,
+    output_text,
+)
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite
 from progress_sql.envs.exec_feedback import ExecFeedbackEnv
 from progress_sql.envs.odt_feedback import ODTFeedbackEnv
@@ -38,8 +48,15 @@ def get(name: str) -> type[Env]:
         raise KeyError(f"unknown environment {name!r}; known: {', '.join(_ENVS)}") from None
 
 
+def protocols() -> dict[str, type[Env]]:
+    """The environments other frameworks drive, by their ``Env.adapter`` protocol name
+    (``odt``, ``sql_tool``): the integrations build their adapter classes from these."""
+    return {cls.adapter.protocol: cls for cls in _ENVS.values() if cls.adapter is not None}
+
+
 __all__ = [
     "PROMPT_TOO_LONG",
+    "Adapter",
     "Env",
     "EnvSettings",
     "Episode",
@@ -57,6 +74,7 @@ __all__ = [
     "get",
     "names",
     "output_text",
+    "protocols",
     "rollout",
     "round1_messages",
     "system_prompt",

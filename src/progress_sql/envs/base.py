@@ -19,7 +19,7 @@ from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import Message, round1_messages
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.formats import FormatName
-from progress_sql.rewards.turns import make_turn
+from progress_sql.rewards.turns import Task, make_turn
 from progress_sql.rewards.types import Trajectory, Turn
 from progress_sql.sql import Semantics
 from progress_sql.sql import GoldCache
@@ -165,6 +165,26 @@ class Episode:
 
 
 # ----------------------------------------------------------------------------- environments
+@dataclass(frozen=True)
+class Adapter:
+    """How other frameworks' loops reach a multi-turn environment (``integrations``).
+
+    ``protocol``: its name there (``EpisodeSession(protocol)``, the SkyRL-gym id
+    ``progress-sql-<protocol>``, the verl interaction ``progress_sql_<protocol>``); ``stem``:
+    the adapters' class names (TRL ``<stem>Environment``, SkyRL-gym ``<stem>Env``, verl
+    ``<stem>Interaction``); ``recipe``: the recipe that scores it by default; ``tool``,
+    ``tool_arg`` and ``tool_doc``: the one tool a TRL model calls to take a turn, its argument
+    and the docstring TRL shows the model (Google style: TRL builds the tool's schema from it).
+    """
+
+    protocol: str
+    stem: str
+    recipe: str
+    tool: str
+    tool_arg: str
+    tool_doc: str
+
+
 @functools.lru_cache(maxsize=2)
 def _default_schema_texts(prompt_style: str) -> SchemaTexts:
     return SchemaTexts(prompt_style=prompt_style)  # shared: every environment reads a database's DDL once
@@ -182,13 +202,15 @@ class Env:
     evaluation judges it.
 
     Class attributes a subclass sets: ``name`` (its registry name), ``formats`` (the output
-    formats its prompts and parsing speak) and ``reads_gold`` (its feedback reads the gold
-    query, so it cannot run at test time).
+    formats its prompts and parsing speak), ``reads_gold`` (its feedback reads the gold
+    query, so it cannot run at test time) and, for a multi-turn environment that other
+    frameworks drive, ``adapter`` (an ``Adapter``: the integrations build their classes from it).
     """
 
     name: ClassVar[str]
     formats: ClassVar[tuple[FormatName, ...]]
     reads_gold: ClassVar[bool] = False
+    adapter: ClassVar[Adapter | None] = None
 
     def __init__(
         self,
@@ -271,20 +293,31 @@ class Env:
         )
         return self.messages
 
-    def step(self, text: str) -> StepResult:
-        """Take one model output; return the environment's reply."""
+    def task(self) -> Task:
+        """What this episode's turns are judged against: database, gold query, semantics."""
+        ep = self.episode
+        return ep.db_path, ep.example.gold_sql, self.semantics
+
+    def step(self, text: str, turn: Turn | None = None) -> StepResult:
+        """Take one model output; return the environment's reply. ``turn``: the output already
+        judged (``rewards.make_turns`` over ``task()``, as ``envs.rollout`` judges a round of
+        episodes at once); None: judged here."""
         raise NotImplementedError
 
     # -- helpers for subclasses
-    def _begin_turn(self, text: str) -> Turn:
-        """Score ``text`` as the next turn, record it and its assistant message."""
+    def _begin_turn(self, text: str, turn: Turn | None = None) -> Turn:
+        """Score ``text`` as the next turn (unless ``turn`` is its verdict), record it and its
+        assistant message."""
         ep = self.episode
         if ep.done:
             raise RuntimeError(f"{self.name}: the episode is over ({ep.done_reason}); call reset()")
         if not isinstance(text, str):
             raise TypeError(f"{self.name}: step() takes the output text, got {type(text).__name__}")
-        turn = make_turn(text, self.fmt, ep.db_path, ep.example.gold_sql, self.settings.sandbox,
-                         semantics=self.semantics, gold_cache=self._gold_cache)
+        if turn is None:
+            turn = make_turn(text, self.fmt, ep.db_path, ep.example.gold_sql, self.settings.sandbox,
+                             semantics=self.semantics, gold_cache=self._gold_cache)
+        elif turn.text != text:
+            raise ValueError(f"{self.name}: the judged turn is not of this output")
         ep.turns.append(turn)
         ep.tags.append(())
         ep.messages.append({"role": "assistant", "content": text})

@@ -22,9 +22,10 @@ rows and at most ``observation_max_chars`` characters, and says when it was cut.
 from __future__ import annotations
 
 from progress_sql.envs.settings import EnvSettings
-from progress_sql.envs.base import Env, StepResult
+from progress_sql.envs.base import Adapter, Env, StepResult
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT
 from progress_sql.formats import parse_output
+from progress_sql.rewards.types import Turn
 from progress_sql.sql.result import ExecResult
 
 
@@ -75,14 +76,25 @@ def observation(content: str, turns_left: int) -> str:
 class ExecFeedbackEnv(Env):
     name = "exec_feedback"
     formats = ("trail",)
+    adapter = Adapter(
+        protocol="sql_tool", stem="SQLTool", recipe="sql_trail", tool="run_sql", tool_arg="action",
+        tool_doc="""Take one step of the task: run a query against the database, or give the final answer.
+
+        Args:
+            action: <think>reasoning</think> followed by <sql>a query to run</sql>, or by <solution>your final query</solution>.
+
+        Returns:
+            The query's result table or its error, or a note that the final answer was recorded.
+        """,
+    )
 
     @property
     def max_turns(self) -> int:
         return self.settings.env.trail_max_turns + 1  # the tool budget T, then the forced answer
 
-    def step(self, text: str) -> StepResult:
+    def step(self, text: str, turn: Turn | None = None) -> StepResult:
         """Run a tool call, answer an invalid action, or end on a <solution>."""
-        turn = self._begin_turn(text)
+        turn = self._begin_turn(text, turn)
         if parse_output(text, self.fmt).kind == "solution":
             return self._finish("solution", turn.correct)
         budget, taken = self.settings.env.trail_max_turns, self.episode.K

@@ -20,23 +20,35 @@ feedback, as Algorithm 1 has none after turn T).
 
 from __future__ import annotations
 
-from progress_sql.envs.base import Env, StepResult
+from progress_sql.envs.base import Adapter, Env, StepResult
 from progress_sql.odt import FALLBACK_FEEDBACK, PARSE_ERROR, VALUE_MISMATCH, diagnose, feedback_text
 from progress_sql.odt.feedback import DB_ENGINE
+from progress_sql.rewards.types import Turn
 
 
 class ODTFeedbackEnv(Env):
     name = "odt_feedback"
     formats = ("think_sql",)
     reads_gold = True  # the feedback diagnoses the turn against the gold query
+    adapter = Adapter(
+        protocol="odt", stem="ODTFeedback", recipe="progress", tool="submit_answer", tool_arg="answer",
+        tool_doc="""Submit one answer; it is run against the database and compared with the intended query.
+
+        Args:
+            answer: Your reasoning and SQL query, written as <think>reasoning</think><sql>query</sql>.
+
+        Returns:
+            Feedback on what to fix in the query, or a note that it is correct and the task is done.
+        """,
+    )
 
     @property
     def max_turns(self) -> int:
         return self.settings.env.max_turns  # T
 
-    def step(self, text: str) -> StepResult:
+    def step(self, text: str, turn: Turn | None = None) -> StepResult:
         """Score y_t; stop when correct or at T, else reply with the feedback f_t."""
-        turn = self._begin_turn(text)
+        turn = self._begin_turn(text, turn)
         ep = self.episode
         if turn.correct:
             return self._finish("correct", True)

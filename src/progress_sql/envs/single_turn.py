@@ -8,6 +8,7 @@ baseline) or ``reasoning_answer`` (Reasoning-SQL), e.g. ``SingleTurnEnv(fmt=rewa
 from __future__ import annotations
 
 from progress_sql.envs.base import Env, StepResult
+from progress_sql.rewards.types import Turn
 from progress_sql.formats import SINGLE_ANSWER_FORMATS
 
 
@@ -19,7 +20,7 @@ class SingleTurnEnv(Env):
     def max_turns(self) -> int:
         return 1
 
-    def step(self, text: str) -> StepResult:
+    def step(self, text: str, turn: Turn | None = None) -> StepResult:
         """Score the one output; the episode ends."""
-        turn = self._begin_turn(text)
+        turn = self._begin_turn(text, turn)
         return self._finish("single", turn.correct)

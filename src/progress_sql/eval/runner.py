@@ -279,7 +279,7 @@ class _SplitEvaluator:
         fmt = env_cls.formats[0]
         policy = RequestPolicy(self.generator)
         episodes = rollout(lambda: env_cls(settings, fmt=fmt, schema_texts=schema_texts), policy, chunk,
-                           self.layout.database, gold_cache=self.judge.gold_cache)
+                           self.layout.database, judge=self.judge)
         # judged: the final answer of an episode that gave one (a tool call is not an answer)
         finals = [ep.turns[-1].sql if ep.done_reason in ("solution", "single") else None for ep in episodes]
         verdicts = self.judge.judge([Candidate(str(self.layout.database(ep.example.db_id)), sql, ep.example.gold_sql,
@@ -383,7 +383,7 @@ def greedy_answers(settings: Settings, generator: Generator, corpus_dir: str | P
                    examples: Sequence[Example]) -> list[ExampleEval]:
     """Each example's greedy single-turn answer, judged for EX: the greedy mode of ``run_eval``
     without TS, samples or report files, for callers that need per-example verdicts (RL's
-    ``rl.question_pool``). ``ev.record()`` gives the predictions-file line."""
+    ``rl.questions: solved``). ``ev.record()`` gives the predictions-file line."""
     layout = CorpusLayout(Path(corpus_dir))
     greedy_only = settings.eval.model_copy(update={"greedy": True, "vote_k": 0, "pass_k": 0, "multi_turn": False,
                                                    "ts": False})

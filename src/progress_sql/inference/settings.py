@@ -9,9 +9,9 @@ of backends: each entry names its settings section (``generation.<name>``) and t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator
 
 from progress_sql.sections import Section
 
@@ -43,10 +43,6 @@ BACKENDS: dict[str, BackendEntry] = {
     "vllm": BackendEntry(VLLMSettings, "progress_sql.inference.backends.vllm:VLLMBackend"),
 }
 
-# Keys of the flat layout before each backend had its own section: named, not just "unknown".
-_MOVED = {"prefix_cache": "transformers.prefix_cache", **{f"vllm_{k}": f"vllm.{k}" for k in VLLMSettings.model_fields}}
-
-
 class _SharedGeneration(Section):
     """What every backend reads; each backend's own settings are a section of their own."""
 
@@ -56,6 +52,9 @@ class _SharedGeneration(Section):
     max_new_tokens: int = Field(256, ge=1)
     max_prompt_tokens: int = Field(2048, ge=16)
     batch_size: int = Field(32, ge=1)  # sequences per generate call
+    # the flat layout before each backend had its own section
+    moved_keys = {"generation.prefix_cache": "generation.transformers.prefix_cache",
+                  **{f"generation.vllm_{k}": f"generation.vllm.{k}" for k in VLLMSettings.model_fields}}
 
     @field_validator("backend")
     @classmethod
@@ -64,13 +63,6 @@ class _SharedGeneration(Section):
             raise ValueError(f"unknown generation backend {name!r}; known: {', '.join(BACKENDS)}")
         return name
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_moved_keys(cls, data: Any) -> Any:
-        moved = [key for key in data if key in _MOVED] if isinstance(data, dict) else []
-        if moved:
-            raise ValueError("; ".join(f"generation.{key} is now generation.{_MOVED[key]}" for key in moved))
-        return data
 
 
 # params.yaml ``generation``: the shared keys, then one section per backend, named as the backend.

@@ -1,6 +1,7 @@
 """One multi-turn episode of a project environment, driven by another framework's loop.
 
-Two protocols, each a project environment and the recipe that scores it by default:
+A protocol is a multi-turn environment that declares an ``Env.adapter`` (``envs.protocols()``),
+and the recipe that scores it by default:
 
 - ``odt``: ``odt_feedback``, Progress-SQL's Algorithm 1 (recipe ``progress``): after each wrong
   turn the ODT feedback; the episode stops at the first correct turn or after T turns;
@@ -29,18 +30,7 @@ from progress_sql.integrations.tasks import example_from_row
 from progress_sql.rewards.types import Judge, Recipe
 
 
-@dataclass(frozen=True)
-class Protocol:
-    """A multi-turn protocol: the project environment it runs and its default recipe."""
-
-    env: str
-    recipe: str
-
-
-PROTOCOLS: dict[str, Protocol] = {
-    "odt": Protocol("odt_feedback", "progress"),
-    "sql_tool": Protocol("exec_feedback", "sql_trail"),
-}
+PROTOCOLS: dict[str, type[Env]] = envs.protocols()  # protocol name -> environment class
 
 # What a step answers when it does not reach the environment (tool-style frameworks show it).
 EPISODE_OVER = "The task is finished: no further attempts are taken."
@@ -70,7 +60,7 @@ def with_max_turns(settings: Any, max_turns: int | None) -> Any:
 
 
 class EpisodeSession:
-    """One episode of ``protocol`` (``odt`` or ``sql_tool``) scored by ``recipe`` (default the
+    """One episode of ``protocol`` (a name of ``PROTOCOLS``) scored by ``recipe`` (default the
     protocol's; it must speak the environment's output format) under ``settings`` (the task
     sections, see ``scoring.task_settings``); ``max_turns`` overrides the turn budget.
 
@@ -81,11 +71,11 @@ class EpisodeSession:
     def __init__(self, protocol: str = "odt", recipe: str | Recipe | None = None, settings: Any = None, *,
                  judge: Judge | None = None, max_turns: int | None = None) -> None:
         try:
-            self.protocol = PROTOCOLS[protocol]
+            env_cls = PROTOCOLS[protocol]
         except KeyError:
             raise KeyError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}") from None
-        self.recipe = resolve_recipe(recipe or self.protocol.recipe)
-        env_cls = envs.get(self.protocol.env)
+        self.protocol = protocol
+        self.recipe = resolve_recipe(recipe or env_cls.adapter.recipe)
         if self.recipe.fmt not in env_cls.formats:
             raise ValueError(f"recipe {self.recipe.name} writes {self.recipe.fmt}; {env_cls.name} speaks "
                              f"{', '.join(env_cls.formats)}")

@@ -1,9 +1,10 @@
-"""SkyRL-gym (PyPI ``skyrl-gym``): the two multi-turn protocols as text environments.
+"""SkyRL-gym (PyPI ``skyrl-gym``): the multi-turn protocols as text environments.
 
     from progress_sql.integrations import skyrl_gym as progress_envs
     progress_envs.register()                     # ids progress-sql-odt, progress-sql-sql-tool
     env = skyrl_gym.make("progress-sql-odt", env_config={...}, extras=row)
 
+One class per protocol (``sessions.PROTOCOLS``), named from its environment's ``Env.adapter``:
 ``ODTFeedbackEnv`` (``progress-sql-odt``: Algorithm 1, recipe ``progress``) and ``SQLToolEnv``
 (``progress-sql-sql-tool``: the SQL tool loop, recipe ``sql_trail``) subclass SkyRL-gym's
 ``BaseTextEnv``. ``step(action)`` returns its ``BaseTextEnvStepOutput``: the environment's
@@ -32,13 +33,13 @@ from typing import Any
 from progress_sql.integrations.sessions import PROTOCOLS, EpisodeSession
 from progress_sql.integrations.tasks import task_rows
 
-ENV_IDS = {"progress-sql-odt": "ODTFeedbackEnv", "progress-sql-sql-tool": "SQLToolEnv"}
-_PROTOCOL_OF = {"ODTFeedbackEnv": "odt", "SQLToolEnv": "sql_tool"}
+_PROTOCOL_OF = {f"{env.adapter.stem}Env": protocol for protocol, env in PROTOCOLS.items()}  # class name -> protocol
+ENV_IDS = {f"progress-sql-{protocol.replace('_', '-')}": name for name, protocol in _PROTOCOL_OF.items()}
 _built: dict[str, type] = {}
 
 
 def register() -> None:
-    """Register both environments with ``skyrl_gym`` under ``ENV_IDS`` (again: no-op)."""
+    """Register every environment with ``skyrl_gym`` under ``ENV_IDS`` (again: no-op)."""
     import skyrl_gym  # noqa: PLC0415 - the framework is imported only when used
 
     for env_id, cls_name in ENV_IDS.items():
@@ -71,9 +72,9 @@ def dataset_rows(corpus_dir: str, split: str = "train", env_id: str = "progress-
     round-1 messages), ``env_class``, ``reward_spec`` (rule, gold) and ``extra_info`` (the
     database path and the example's columns); write them with ``datasets`` or pandas to
     the parquet files ``data.train_data`` names."""
-    protocol = PROTOCOLS[_PROTOCOL_OF[ENV_IDS[env_id]]]
+    env = PROTOCOLS[_PROTOCOL_OF[ENV_IDS[env_id]]]
     rows = []
-    for index, row in enumerate(task_rows(corpus_dir, split, recipe or protocol.recipe, settings, env=protocol.env,
+    for index, row in enumerate(task_rows(corpus_dir, split, recipe or env.adapter.recipe, settings, env=env.name,
                                           limit=limit)):
         rows.append({
             "data_source": "progress_sql",

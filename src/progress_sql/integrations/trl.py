@@ -12,7 +12,8 @@ share of floor rewards through TRL's ``log_metric`` (``<name>/<component>``, ``<
 
 Multi-turn, through TRL's environment API (``environment_factory``: one instance per rollout,
 its public methods exposed to the model as tools, their results appended as ``tool`` messages
-that TRL masks out of the loss):
+that TRL masks out of the loss), one class per protocol (``ENVIRONMENTS``), built from its
+environment's ``Env.adapter`` (class name, tool, the tool's docstring):
 
 - ``ODTFeedbackEnvironment``: Algorithm 1. The tool ``submit_answer(answer)`` takes one turn,
   ``<think>…</think><sql>…</sql>``, and returns the ODT feedback, until the answer is correct
@@ -34,6 +35,7 @@ Nothing here imports TRL or torch; ``datasets`` (TRL's data stack) is imported b
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 from progress_sql.formats import SINGLE_ANSWER_FORMATS
@@ -156,38 +158,33 @@ class _EpisodeEnvironment:
         return _ENDINGS.get(session.env.episode.done_reason, LAST_TURN)
 
 
-class ODTFeedbackEnvironment(_EpisodeEnvironment):
-    """Progress-SQL's Algorithm 1 as a TRL environment (see the module notes)."""
+def _environment(protocol: str) -> type[_EpisodeEnvironment]:
+    """The TRL environment of ``protocol``: one public method, the tool its environment's
+    ``Env.adapter`` names. TRL builds the tool's schema from the method's signature and
+    docstring, so both are the adapter's (argument name included)."""
+    adapter = PROTOCOLS[protocol].adapter
+    arg = adapter.tool_arg
 
-    protocol = "odt"
+    def tool(self: _EpisodeEnvironment, *args: Any, **kwargs: Any) -> str:
+        return self._take(kwargs[arg] if arg in kwargs else args[0])
 
-    def submit_answer(self, answer: str) -> str:
-        """Submit one answer; it is run against the database and compared with the intended query.
+    tool.__name__ = tool.__qualname__ = adapter.tool
+    tool.__doc__ = adapter.tool_doc
+    tool.__annotations__ = {arg: str, "return": str}
+    tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+         inspect.Parameter(arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)], return_annotation=str)
+    name = f"{adapter.stem}Environment"
+    doc = f"The {protocol} protocol ({PROTOCOLS[protocol].name}) as a TRL environment (see the module notes)."
+    return type(name, (_EpisodeEnvironment,), {"protocol": protocol, adapter.tool: tool, "__doc__": doc,
+                                               "__module__": __name__})
 
-        Args:
-            answer: Your reasoning and SQL query, written as <think>reasoning</think><sql>query</sql>.
 
-        Returns:
-            Feedback on what to fix in the query, or a note that it is correct and the task is done.
-        """
-        return self._take(answer)
-
-
-class SQLToolEnvironment(_EpisodeEnvironment):
-    """The SQL tool loop of SQL-Trail / SkyRL-SQL as a TRL environment (see the module notes)."""
-
-    protocol = "sql_tool"
-
-    def run_sql(self, action: str) -> str:
-        """Take one step of the task: run a query against the database, or give the final answer.
-
-        Args:
-            action: <think>reasoning</think> followed by <sql>a query to run</sql>, or by <solution>your final query</solution>.
-
-        Returns:
-            The query's result table or its error, or a note that the final answer was recorded.
-        """
-        return self._take(action)
+# One class per protocol: ODTFeedbackEnvironment (odt), SQLToolEnvironment (sql_tool), ...
+ENVIRONMENTS: dict[str, type[_EpisodeEnvironment]] = {protocol: _environment(protocol) for protocol in PROTOCOLS}
+globals().update({cls.__name__: cls for cls in ENVIRONMENTS.values()})
+ODTFeedbackEnvironment = ENVIRONMENTS["odt"]  # named here too, for readers and type checkers
+SQLToolEnvironment = ENVIRONMENTS["sql_tool"]
 
 
 def _last_plain_answer(completion: Any) -> str | None:
@@ -241,6 +238,6 @@ def dataset(
     defaults to its recipe; without, the single-turn prompt of ``recipe`` (default progress)."""
     from datasets import Dataset  # noqa: PLC0415 - TRL's data stack, only when a dataset is built
 
-    env = PROTOCOLS[protocol].env if protocol is not None else "single_turn"
-    recipe = recipe or (PROTOCOLS[protocol].recipe if protocol is not None else "progress")
+    env = PROTOCOLS[protocol].name if protocol is not None else "single_turn"
+    recipe = recipe or (PROTOCOLS[protocol].adapter.recipe if protocol is not None else "progress")
     return Dataset.from_list(task_rows(corpus_dir, split, recipe, settings, env=env, limit=limit))

@@ -11,7 +11,9 @@ multi-turn interaction and data preparation.
 - ``ODTFeedbackInteraction``: Algorithm 1 as a verl interaction (a ``BaseInteraction``),
   named ``progress_sql_odt`` in the interaction config. Each call of ``generate_response``
   judges the last assistant message as the next turn and answers with the ODT feedback; it
-  ends the rollout at the first correct turn or after T turns. Its turn score is the recipe's
+  ends the rollout at the first correct turn or after T turns. Every protocol
+  (``sessions.PROTOCOLS``) has its interaction, named from its environment's ``Env.adapter``
+  (``SQLToolInteraction``, ``progress_sql_sql_tool``: the SQL tool loop) and built the same way. Its turn score is the recipe's
   reward of the episode so far, so the last one is the episode's reward; ``compute_score``
   returns it for rows whose ``extra_info["turn_scores"]`` verl filled. verl 0.7.1 drops an
   interaction's metadata, so for those rows the components and ``correct`` are NaN (the
@@ -40,13 +42,21 @@ from progress_sql.integrations.scoring import (
     score_completion,
     task_settings,
 )
-from progress_sql.integrations.sessions import EpisodeSession
+from progress_sql.integrations.sessions import PROTOCOLS, EpisodeSession
 from progress_sql.integrations.tasks import task_rows
 from progress_sql.rewards.types import Recipe
 
 DATA_SOURCE = "progress_sql"
-INTERACTION_NAME = "progress_sql_odt"
+INTERACTIONS = {f"{env.adapter.stem}Interaction": protocol for protocol, env in PROTOCOLS.items()}  # class -> protocol
 _built: dict[str, type] = {}
+
+
+def interaction_name(protocol: str) -> str:
+    """The name the interaction config gives ``protocol``'s interaction."""
+    return f"progress_sql_{protocol}"
+
+
+INTERACTION_NAME = interaction_name("odt")
 
 
 def _info(extra_info: Any) -> dict[str, Any]:
@@ -112,28 +122,30 @@ def _last_assistant_text(messages: Any) -> Any:
     return None
 
 
-def _build_interaction() -> type:
+def _build_interaction(cls_name: str) -> type:
     from verl.interactions.base import BaseInteraction  # noqa: PLC0415 - verl only when used
 
-    class ODTFeedbackInteraction(BaseInteraction):
-        """Progress-SQL's Algorithm 1 as a verl interaction (see the module notes).
+    protocol = INTERACTIONS[cls_name]
 
-        ``config`` (the interaction config's ``config``): ``recipe`` (default ``progress``),
-        ``max_turns`` (T; default ``env.max_turns``), ``settings`` (the task sections as a
-        mapping). A row's ``interaction_kwargs``: ``name``, ``db_path``, ``gold_sql`` and the
-        example's columns (``export_parquet`` writes them).
+    class Interaction(BaseInteraction):
+        """A protocol's episode as a verl interaction (see the module notes).
+
+        ``config`` (the interaction config's ``config``): ``recipe`` (default the protocol's),
+        ``max_turns`` (the turn budget; default the environment's), ``settings`` (the task
+        sections as a mapping). A row's ``interaction_kwargs``: ``name``, ``db_path``,
+        ``gold_sql`` and the example's columns (``export_parquet`` writes them).
         """
 
         def __init__(self, config: dict[str, Any]) -> None:
             super().__init__(config)
-            self.recipe = config.get("recipe") or "progress"
+            self.recipe = config.get("recipe") or PROTOCOLS[protocol].adapter.recipe
             self.task_settings = task_settings(config.get("settings"))
             self.max_turns = config.get("max_turns")
             self._sessions: dict[str, EpisodeSession] = {}
 
         async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
             instance_id = await super().start_interaction(instance_id)
-            session = EpisodeSession("odt", self.recipe, self.task_settings, max_turns=self.max_turns)
+            session = EpisodeSession(protocol, self.recipe, self.task_settings, max_turns=self.max_turns)
             columns = {k: v for k, v in kwargs.items() if k not in ("name", "db_path", "gold_sql")}
             session.start(kwargs.get("db_path"), kwargs.get("gold_sql"), **columns)
             self._sessions[instance_id] = session
@@ -159,29 +171,32 @@ def _build_interaction() -> type:
         async def finalize_interaction(self, instance_id: str | None = None, **kwargs: Any) -> None:
             self._sessions.pop(instance_id, None)
 
-    ODTFeedbackInteraction.__module__ = __name__
-    return ODTFeedbackInteraction
+    Interaction.__name__ = Interaction.__qualname__ = cls_name
+    Interaction.__module__ = __name__
+    return Interaction
 
 
 def __getattr__(name: str) -> type:
-    if name == "ODTFeedbackInteraction":
+    if name in INTERACTIONS:
         if name not in _built:
-            _built[name] = _build_interaction()
+            _built[name] = _build_interaction(name)
         return _built[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- data
-def verl_rows(corpus_dir: str | Path, split: str, recipe: str | Recipe = "progress", settings: Any = None, *,
-              limit: int | None = None) -> list[dict[str, Any]]:
-    """verl's RL rows of a corpus split: ``data_source``, ``prompt`` (the round-1 chat of the
-    ODT environment for ``recipe``'s format), ``ability``, ``reward_model`` (rule, gold) and
-    ``extra_info`` (``db_path``, the example's columns, ``recipe``, ``index`` and the
-    ``interaction_kwargs`` of ``ODTFeedbackInteraction``). One file serves single-turn and
-    multi-turn runs: the round-1 prompt is the same."""
-    recipe = resolve_recipe(recipe)
+def verl_rows(corpus_dir: str | Path, split: str, recipe: str | Recipe | None = None, settings: Any = None, *,
+              protocol: str = "odt", limit: int | None = None) -> list[dict[str, Any]]:
+    """verl's RL rows of a corpus split: ``data_source``, ``prompt`` (the round-1 chat for
+    ``recipe``'s format; default the ``protocol``'s recipe), ``ability``, ``reward_model``
+    (rule, gold) and ``extra_info`` (``db_path``, the example's columns, ``recipe``, ``index``
+    and the ``interaction_kwargs`` of the protocol's interaction). One file serves single-turn
+    and multi-turn runs: the round-1 prompt is the same."""
+    env = PROTOCOLS[protocol]
+    recipe = resolve_recipe(recipe or env.adapter.recipe)
+    prompt_env = env.name if recipe.fmt in env.formats else "single_turn"  # a single-turn recipe's format
     rows = []
-    for index, row in enumerate(task_rows(corpus_dir, split, recipe, settings, env="single_turn", limit=limit)):
+    for index, row in enumerate(task_rows(corpus_dir, split, recipe, settings, env=prompt_env, limit=limit)):
         columns = {k: row[k] for k in ("db_path", "db_id", "question", "difficulty", "evidence", "example_id", "semantics")}
         rows.append({
             "data_source": DATA_SOURCE,
@@ -189,14 +204,15 @@ def verl_rows(corpus_dir: str | Path, split: str, recipe: str | Recipe = "progre
             "ability": "text2sql",
             "reward_model": {"style": "rule", "ground_truth": row["gold_sql"]},
             "extra_info": {**columns, "split": split, "index": index, "recipe": recipe.name,
-                           "interaction_kwargs": {"name": INTERACTION_NAME, "gold_sql": row["gold_sql"], **columns}},
+                           "interaction_kwargs": {"name": interaction_name(protocol), "gold_sql": row["gold_sql"],
+                                                  **columns}},
         })
     return rows
 
 
 def export_parquet(corpus_dir: str | Path, out_dir: str | Path, splits: Sequence[str] = ("train", "dev"),
-                   recipe: str | Recipe = "progress", settings: Any = None, *,
-                   limit: int | None = None) -> dict[str, Path]:
+                   recipe: str | Recipe | None = None, settings: Any = None, *,
+                   protocol: str = "odt", limit: int | None = None) -> dict[str, Path]:
     """Write ``<split>.parquet`` of ``verl_rows`` for each split into ``out_dir``; return the
     paths. verl reads them with ``data.train_files`` / ``data.val_files``."""
     import pandas as pd  # noqa: PLC0415 - the data extra, only when exporting
@@ -207,7 +223,7 @@ def export_parquet(corpus_dir: str | Path, out_dir: str | Path, splits: Sequence
     for split in splits:
         path = out / f"{split}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
-        pd.DataFrame(verl_rows(corpus_dir, split, recipe, settings, limit=limit)).to_parquet(tmp, index=False)
+        pd.DataFrame(verl_rows(corpus_dir, split, recipe, settings, protocol=protocol, limit=limit)).to_parquet(tmp, index=False)
         tmp.replace(path)  # atomic: a crash never leaves a half-written file
         written[split] = path
     return written

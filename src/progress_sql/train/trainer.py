@@ -2,11 +2,11 @@
 
 The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
 
-    pool ← the train questions of rl.hardness; with rl.question_pool solved, only those of
-           rl.pool_candidates of them that the starting policy answers with one greedy output
-           (kept in the checkpoints)
-    for step in 1..rl.steps (or until rl.max_minutes, which also covers the pool's pass):
-        questions  ← the next questions_per_step questions of the pool (a seeded permutation
+    train      ← the train questions of rl.hardness; with rl.questions solved, only those of
+                 rl.solved_candidates of them that the starting policy answers with one greedy
+                 output (kept in the checkpoints)
+    for step in 1..rl.steps (or until rl.max_minutes, which also covers that greedy pass):
+        questions  ← the next questions_per_step questions of train (a seeded permutation
                      per epoch)
         episodes   ← envs.rollout(rl.env, ChatModel.policy, every question × G)   model in eval mode;
                      each conversation's KV cache kept between its turns (backend.reusing_prefixes)
@@ -85,7 +85,7 @@ class RLResult:
     stopped_by: str
     metrics: list[dict[str, Any]] = field(default_factory=list)
     last_checkpoint: Path | None = None
-    questions: int = 0  # train questions drawn from (rl.hardness, rl.question_pool)
+    questions: int = 0  # train questions drawn from (rl.hardness, rl.questions)
     start: str = ""  # resume="auto": where the run started and why
 
 
@@ -216,15 +216,15 @@ def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.Re
             "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
 
 
-QUESTION_POOL_FILE = "question_pool.jsonl"
+SOLVED_QUESTIONS_FILE = "solved_questions.jsonl"  # rl.questions solved: the greedy pass's verdicts
 
 
 def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayout,
                         questions: list[Example], record_to: Path | None) -> list[str]:
     """The ids of ``questions`` that ``model`` answers right with one greedy output (the eval
-    protocol: single turn, EX), for ``rl.question_pool: solved``. Rank 0 decides and the
-    others take its answer (ranks must draw from one pool); its verdicts go to ``record_to``
-    as predictions-file lines."""
+    protocol: single turn, EX), for ``rl.questions: solved``. Rank 0 decides and the others
+    take its answer (ranks must draw from the same questions); its verdicts go to
+    ``record_to`` as predictions-file lines."""
     ids: list[Any] = [None]
     if rank() == 0:
         evals = greedy_answers(settings, model, layout.root, questions)
@@ -320,7 +320,7 @@ class RLRun:
     settings: Settings
     out: Path
     layout: CorpusLayout
-    train: list[Example]  # the questions drawn from (rl.hardness, then rl.question_pool)
+    train: list[Example]  # the train questions of rl.hardness (rl.questions may keep fewer: rl_questions)
     fingerprint: dict[str, Any]
     engine: Engine
     backend: GenerationBackend  # the sampler, holding the policy's current weights
@@ -337,6 +337,12 @@ class RLRun:
         return rank() == 0
 
 
+# The key of RLState.solved_ids in trainer_state.json: the setting's name (rl.question_pool, now
+# rl.questions) when checkpoints started to hold it; kept, so that those checkpoints resume with
+# the questions they chose.
+SOLVED_IDS_KEY = "question_pool"
+
+
 @dataclass
 class RLState:
     """Where a run is; a checkpoint keeps it (``trainer_state.json``) so the run goes on exactly."""
@@ -344,13 +350,13 @@ class RLState:
     step: int = 0
     data_position: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    question_pool: list[str] | None = None  # rl.question_pool solved: the ids kept, fixed at the start
+    solved_ids: list[str] | None = None  # rl.questions solved: the ids kept, fixed at the start
     checkpoint: Path | None = None  # the newest one written or resumed from
 
     def saved(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
         state = {"data_position": self.data_position, "history": self.history, "fingerprint": fingerprint}
-        if self.question_pool is not None:
-            state["question_pool"] = self.question_pool
+        if self.solved_ids is not None:
+            state[SOLVED_IDS_KEY] = self.solved_ids
         return state
 
 
@@ -418,7 +424,7 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
     resumed = resume_checkpoint(run.engine, out, None if resume is True else resume) if resume else None
     if resumed is not None:
         checkpoint, saved = resumed
-        state = RLState(saved["step"], saved["data_position"], list(saved["history"]), saved.get("question_pool"),
+        state = RLState(saved["step"], saved["data_position"], list(saved["history"]), saved.get(SOLVED_IDS_KEY),
                         checkpoint)
         with run.engine.gathered():
             run.backend.sync_weights(run.engine.module)
@@ -427,45 +433,45 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
     elif run.main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
         for stale in ("checkpoints", "rollouts", "final"):
             shutil.rmtree(out / stale, ignore_errors=True)
-        (out / QUESTION_POOL_FILE).unlink(missing_ok=True)
+        (out / SOLVED_QUESTIONS_FILE).unlink(missing_ok=True)
     if run.main:
         out.mkdir(parents=True, exist_ok=True)
         write_json_lines(out / "metrics.jsonl", state.history)  # drop lines past the checkpoint
     return state, start
 
 
-def question_pool(run: RLRun, state: RLState) -> list[Example]:
-    """The train questions a run draws from: all of ``run.train``, or with ``rl.question_pool:
+def rl_questions(run: RLRun, state: RLState) -> list[Example]:
+    """The train questions a run draws from: all of ``run.train``, or with ``rl.questions:
     solved`` those the starting policy answers greedily (decided once, kept in the state)."""
     rl = run.settings.rl
-    if rl.question_pool != "solved":
+    if rl.questions != "solved":
         return run.train
-    if state.question_pool is None:  # a resumed run keeps the questions it started with
+    if state.solved_ids is None:  # a resumed run keeps the questions it started with
         candidates = run.train
-        if 0 < rl.pool_candidates < len(run.train):  # the pass costs about as much as the eval of as many
-            picked = np.random.default_rng([rl.seed, len(run.train)]).choice(len(run.train), rl.pool_candidates,
+        if 0 < rl.solved_candidates < len(run.train):  # the pass costs about as much as the eval of as many
+            picked = np.random.default_rng([rl.seed, len(run.train)]).choice(len(run.train), rl.solved_candidates,
                                                                             replace=False)
             candidates = [run.train[i] for i in sorted(picked)]
         with run.engine.gathered(), torch.no_grad():
-            state.question_pool = solved_question_ids(run.settings, run.chat, run.layout, candidates,
-                                                      run.out / QUESTION_POOL_FILE if run.main else None)
-    kept = set(state.question_pool)
+            state.solved_ids = solved_question_ids(run.settings, run.chat, run.layout, candidates,
+                                                   run.out / SOLVED_QUESTIONS_FILE if run.main else None)
+    kept = set(state.solved_ids)
     train = [ex for ex in run.train if ex.id in kept]
     if not train:
         raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
-                          f"{', '.join(rl.hardness)} it was tried on (rl.question_pool: solved, "
-                          f"rl.pool_candidates: {rl.pool_candidates}); raise rl.pool_candidates or "
-                          "set rl.question_pool: all")
+                          f"{', '.join(rl.hardness)} it was tried on (rl.questions: solved, "
+                          f"rl.solved_candidates: {rl.solved_candidates}); raise rl.solved_candidates or "
+                          "set rl.questions: all")
     return train
 
 
-def next_questions(run: RLRun, pool: list[Example], state: RLState) -> list[Example]:
-    """This rank's questions of the next step: every rank draws the same global batch and takes
-    its slice."""
+def next_questions(run: RLRun, train: list[Example], state: RLState) -> list[Example]:
+    """This rank's questions of the next step, from ``train``: every rank draws the same global
+    batch and takes its slice."""
     per_rank = run.settings.rl.questions_per_step
-    global_idx = question_indices(len(pool), state.data_position, per_rank * world_size(), run.settings.rl.seed)
+    global_idx = question_indices(len(train), state.data_position, per_rank * world_size(), run.settings.rl.seed)
     state.data_position += len(global_idx)
-    return [pool[i] for i in global_idx[rank() * per_rank:(rank() + 1) * per_rank]]
+    return [train[i] for i in global_idx[rank() * per_rank:(rank() + 1) * per_rank]]
 
 
 def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
@@ -573,14 +579,14 @@ def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch
                          [_episode_record(ep, t, r) for ep, t, r in zip(batch.episodes, batch.trajs, batch.scored)])
 
 
-def save_final(run: RLRun, state: RLState, stopped_by: str, pool: list[Example], pool_s: float) -> Path:
+def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example], train_s: float) -> Path:
     """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``)."""
     final = run.out / "final"
     run.engine.module.eval()
     run.engine.save_pretrained(final, run.chat.tokenizer)
     if run.main:
         summary = {"steps": state.step, "stopped_by": stopped_by, "engine": run.engine.kind,
-                   "zero_stage": run.engine.zero_stage, "questions": len(pool), "question_pool_s": pool_s,
+                   "zero_stage": run.engine.zero_stage, "questions": len(train), "questions_s": train_s,
                    "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {}}
         (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
     return final
@@ -613,15 +619,15 @@ def run_rl(
     with contextlib.ExitStack() as resources:
         run = open_run(settings, CorpusLayout(Path(corpus_dir)), out, resources)
         state, start = start_or_resume(run, resume)
-        started = time.monotonic()  # rl.max_minutes covers the question pool's pass too
-        pool = question_pool(run, state)
-        pool_s = time.monotonic() - started
+        started = time.monotonic()  # rl.max_minutes covers rl.questions' greedy pass too
+        train = rl_questions(run, state)
+        train_s = time.monotonic() - started
         bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.main), desc="rl", unit="step")
         stopped_by = "steps"
         while state.step < rl.steps:
             state.step += 1
             t_step = time.monotonic()
-            batch = rollout_step(run, next_questions(run, pool, state), state.step)
+            batch = rollout_step(run, next_questions(run, train, state), state.step)
             metrics = step_metrics(run, state.step, batch, optimise(run, batch))
             metrics["step_s"] = time.monotonic() - t_step
             metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
@@ -643,6 +649,6 @@ def run_rl(
             if out_of_time:
                 break
         bar.close()
-        final = save_final(run, state, stopped_by, pool, pool_s)
-    return RLResult(out, final, state.step, stopped_by, state.history, state.checkpoint, questions=len(pool),
+        final = save_final(run, state, stopped_by, train, train_s)
+    return RLResult(out, final, state.step, stopped_by, state.history, state.checkpoint, questions=len(train),
                     start=start)

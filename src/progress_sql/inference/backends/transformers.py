@@ -113,11 +113,11 @@ class _GrowingLayer(DynamicLayer or object):  # type: ignore[misc]
         return self.keys, self.values
 
 
-def _new_cache(config: Any) -> DynamicCache:
-    """An empty KV cache for ``config`` whose full-attention layers grow in place."""
+def _new_cache(config: Any, grow: bool = True) -> DynamicCache:
+    """An empty KV cache for ``config``; with ``grow``, its full-attention layers grow in place."""
     cache = DynamicCache(config=config)
     layers = getattr(cache, "layers", None)  # transformers before 4.56 has no layer objects
-    if DynamicLayer is not None and layers is not None:
+    if grow and DynamicLayer is not None and layers is not None:
         cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in layers]
     return cache
 
@@ -163,17 +163,21 @@ class TransformersBackend:
     """Batched sampling with a transformers causal LM and its KV cache.
 
     ``batch_size``: sequences decoded together (a prompt's n samples count n); ``prefix_cache``:
-    whether ``reusing_prefixes()`` keeps caches. The model is put in eval mode while generating
-    and restored afterwards.
+    whether ``reusing_prefixes()`` keeps caches; ``grow_cache``: whether the KV cache grows in
+    place, into spare room doubled when full (else transformers' plain ``DynamicCache``, which
+    copies the whole cache at every decoded position: only to measure what growing saves). The
+    model is put in eval mode while generating and restored afterwards.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, *, prefix_cache: bool = True) -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, *, prefix_cache: bool = True,
+                 grow_cache: bool = True) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.prefix_cache = prefix_cache
+        self.grow_cache = grow_cache
         self.eos_ids = eos_token_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
@@ -293,7 +297,7 @@ class TransformersBackend:
             attention[r, c_width + n_width - (len(p) - c):] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, c_width:]
-        cache = _new_cache(model.config)
+        cache = _new_cache(model.config, self.grow_cache)
         if c_width:
             for layer, (keys, values) in enumerate(_padded_layers(prefixes, cached, c_width)):
                 cache.update(keys, values, layer)

@@ -1,20 +1,18 @@
-"""Typed settings for params.yaml: the one home of every tunable number.
+"""The settings of params.yaml as typed sections: the one home of every tunable number.
 
-The defaults below are the project's defaults (``docs/design.md``); params.yaml
-lists every one of them explicitly (a test keeps the two in sync). Unknown keys, wrong types
-and out-of-range values are errors that name the key.
+The defaults below are the project's defaults (``docs/design.md``); params.yaml lists every
+one of them explicitly (a test keeps the two in sync). Unknown keys, wrong types and
+out-of-range values are errors that name the key. Each package owns its own section
+(``progress_sql.sections``); this module holds the rest and composes the root ``Settings``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from progress_sql import envs, rewards, sources
 from progress_sql.envs.settings import EnvSettings
@@ -218,6 +216,8 @@ ALGORITHMS = {
 
 
 class RLSettings(_Section):
+    # renamed ("pool" is the sandbox's, sql.pool)
+    moved_keys = {"rl.question_pool": "rl.questions", "rl.pool_candidates": "rl.solved_candidates"}
     init_from: str = "outputs/sft"  # policy to start from (path or hub id)
     out_dir: str = "outputs/rl"
     recipe: str = "progress"  # a name of the reward registry (progress_sql.rewards.names())
@@ -234,8 +234,8 @@ class RLSettings(_Section):
     # right with one greedy output (the eval protocol), found by a pass over them at the start
     # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
     # of these groups and in few of the others (docs/experiments/2026-12-02-rl-on-solved-questions.md).
-    question_pool: Literal["all", "solved"] = "all"
-    pool_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
+    questions: Literal["all", "solved"] = "all"
+    solved_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
     steps: int = Field(6, ge=1)
     max_minutes: float = Field(2.5, gt=0.0)  # wall-clock budget; stops after the running step
     lr: float = Field(1e-4, gt=0.0)
@@ -383,209 +383,6 @@ class Settings(_Section):
     eval: EvalSettings = EvalSettings()
     tracking: TrackingSettings = TrackingSettings()
     compare: CompareSettings = CompareSettings()
-
-
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid settings in {source}:"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
-        else:
-            got = e.get("input")
-            shown = repr(got) if not isinstance(got, dict) else "{...}"
-            lines.append(f"  {key}: {e['msg']} (got {shown})")
-    return "\n".join(lines)
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SettingsError(f"override {dotted}: {part} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def dotted_items(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"rl": {"lr": 1e-4}}`` → ``{"rl.lr": 1e-4}``: nested settings keyed as ``--set`` names
-    them, leaves unchanged (``tracking.flat_params`` makes them MLflow's strings)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(dotted_items(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def settings_from_dict(raw: Any, source: str = "<dict>", overrides: dict[str, Any] | None = None) -> Settings:
-    """Validate a parsed params tree (plus ``{"a.b": value}`` overrides) into Settings."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise SettingsError(f"invalid settings in {source}: the top level must be a mapping")
-    raw = dict(raw)
-    for key, value in (overrides or {}).items():
-        _set_dotted(raw, key, value)
-    try:
-        return Settings.model_validate(raw)
-    except ValidationError as err:
-        raise SettingsError(_format_errors(err, source)) from None
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 booleans: only true/false. DVC rewrites params.yaml
-    (``dvc exp run -S``) with a YAML 1.2 writer that drops the quotes around ``"off"``, which
-    YAML 1.1 would then read as False."""
-
-
-_Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-
-
-def yaml_load(text: str) -> Any:
-    """Parse YAML as params.yaml is read: safe, YAML 1.2 booleans (``off``/``no`` stay strings)."""
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
-
-
-def _read_yaml(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingsError(f"{what} not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SettingsError(f"cannot read {what} {path}: {err}") from None
-    try:
-        return yaml_load(text)
-    except yaml.YAMLError as err:
-        raise SettingsError(f"{path} is not valid YAML: {err}") from None
-
-
-def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None, *,
-                  preset: str | None = None) -> Settings:
-    """Load and validate params.yaml, with a preset's overlay merged in first (``preset``: a
-    name in ``configs/presets/`` or a YAML file, see ``with_preset``) and the ``{"a.b": value}``
-    overrides on top; raise SettingsError with the offending key (and the preset's file)."""
-    path = Path(path)
-    raw = _read_yaml(path, "settings file")
-    raw, source = with_preset(raw, preset, str(path), presets_dir(path))
-    return settings_from_dict(raw, source, overrides)
-
-
-# ----------------------------------------------------------------------------- presets
-# A preset is an overlay of params.yaml: a YAML file with the same nested keys, holding only
-# what differs (configs/presets/cpu-demo.yaml: the one-minute demo sizes). Adding one is adding
-# a file. Order: params.yaml, then the preset, then --set overrides.
-PRESETS_SUBDIR = Path("configs") / "presets"
-NO_PRESET = "none"  # the name that means "params.yaml as it is" (a choice of the Prefect form)
-# The presets and DeepSpeed configs ship inside the package (the checkout's configs/ links
-# there), so an installed package finds them from any folder.
-PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
-
-
-def presets_dir(params: str | Path | None = None) -> Path:
-    """Where presets are looked up: ``configs/presets/`` beside the params file (or the working
-    directory), else the package's own."""
-    near = (Path(params).resolve().parent if params else Path.cwd()) / PRESETS_SUBDIR
-    return near if near.is_dir() else PACKAGE_CONFIGS / "presets"
-
-
-def preset_names(folder: str | Path | None = None) -> tuple[str, ...]:
-    """The presets in ``folder`` (default ``presets_dir()``): the stems of its *.yaml files, sorted."""
-    folder = Path(folder) if folder is not None else presets_dir()
-    return tuple(sorted(p.stem for p in folder.glob("*.yaml") if p.stem != NO_PRESET)) if folder.is_dir() else ()
-
-
-def preset_file(name: str, folder: str | Path | None = None) -> Path:
-    """The file of preset ``name`` (a name in ``folder``, or a path to a .yaml/.yml file);
-    SettingsError listing the available names when there is none."""
-    if name.endswith((".yaml", ".yml")) or "/" in name:
-        path = Path(name)
-        if not path.is_file():
-            raise SettingsError(f"preset file not found: {path}")
-        return path
-    folder = Path(folder) if folder is not None else presets_dir()
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        available = ", ".join(preset_names(folder)) or "none"
-        raise SettingsError(f"unknown preset {name!r}; available: {available} (the .yaml files of {folder})")
-    return path
-
-
-def load_preset(name: str, folder: str | Path | None = None) -> tuple[dict[str, Any], Path]:
-    """The overlay of preset ``name`` (a mapping of settings sections) and its file; a file
-    that is not YAML or not a mapping of sections is a SettingsError naming the file."""
-    path = preset_file(name, folder)
-    overlay = _read_yaml(path, "preset file")
-    if overlay is None:  # an empty overlay: params.yaml as it is
-        return {}, path
-    if not isinstance(overlay, dict):
-        raise SettingsError(f"preset {path}: the top level must be a mapping of settings sections")
-    return overlay, path
-
-
-def merge_overlay(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overlay`` merged in: mappings merge key by key, anything else (a list, a
-    number) replaces the base value. Neither argument is changed."""
-    out = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_overlay(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def with_preset(raw: Any, preset: str | None, source: str, folder: str | Path | None = None) -> tuple[Any, str]:
-    """(params tree with the preset's overlay merged in, source text for error messages);
-    ``preset`` None, "" or ``NO_PRESET`` leaves the tree as it is."""
-    if not preset or preset == NO_PRESET:
-        return raw, source
-    overlay, path = load_preset(preset, folder)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        return raw, source  # settings_from_dict reports the malformed params tree
-    return merge_overlay(raw, overlay), f"{source} with preset {preset} ({path})"
-
-
-# ----------------------------------------------------------------------------- model folders
-# A model setting (sft.init_from, rl.init_from) names a local folder or a hub id, and nothing
-# downloads at run time. It is a local folder when it exists, is absolute, starts with ./ ../ or
-# ~, or lies under one of these folders: models/ (pretrained weights put there by hand, as the
-# papers' presets expect them: models/Qwen2.5-Coder-7B-Instruct) and outputs/ (what the
-# pipeline trains). Anything else is a hub id (from the local cache when HF_HUB_OFFLINE=1) or
-# the name of a bundled model.
-LOCAL_MODEL_ROOTS = ("models", "outputs")
-MODEL_SETTINGS = ("sft.init_from", "rl.init_from")
-
-
-def is_local_model_path(value: str) -> bool:
-    """Whether a model setting's value names a local folder (see ``LOCAL_MODEL_ROOTS``)."""
-    path = Path(value).expanduser()
-    if path.exists() or path.is_absolute() or value.startswith((".", "~")):
-        return True
-    return len(path.parts) > 1 and path.parts[0] in LOCAL_MODEL_ROOTS
-
-
-def check_model_paths(settings: Settings, *keys: str) -> None:
-    """SettingsError naming the setting and the folder when a model setting of ``keys`` (dotted,
-    among ``MODEL_SETTINGS``) names a local folder that does not exist. The stages that load a
-    model call it first, so a preset whose model is missing fails at once, while the stages
-    that need no model (data, evaluation of another model) run."""
-    for key in keys:
-        section, name = key.split(".")
-        value = getattr(getattr(settings, section), name)
-        if is_local_model_path(value) and not Path(value).expanduser().exists():
-            raise SettingsError(f"{key}: {value} does not exist (a local model folder: put the model there, "
-                                f"e.g. save_pretrained output or a hub snapshot, or point {key} at one)")
 
 
 @lru_cache(maxsize=1)

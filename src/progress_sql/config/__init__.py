@@ -1,0 +1,61 @@
+"""The configuration of the pipeline: the typed settings of params.yaml and how they are loaded.
+
+One module per concern; the names below are re-exported so that callers import them from
+``progress_sql.config`` whatever module holds them:
+
+- ``settings``: the settings sections and the root ``Settings`` (with ``SettingsError``);
+- ``yaml_files``: YAML read as params.yaml is read (YAML 1.2 booleans);
+- ``loading``: a params tree, params.yaml, a preset and ``--set`` overrides into Settings;
+- ``presets``: the named overlays of params.yaml (``configs/presets/``);
+- ``models``: which model settings name local folders, and that those exist.
+"""
+
+from progress_sql.config.loading import dotted_items, load_settings, settings_from_dict
+from progress_sql.config.models import LOCAL_MODEL_ROOTS, MODEL_SETTINGS, check_model_paths, is_local_model_path
+from progress_sql.config.presets import (
+    NO_PRESET,
+    PACKAGE_CONFIGS,
+    PRESETS_SUBDIR,
+    load_preset,
+    merge_overlay,
+    preset_file,
+    preset_names,
+    presets_dir,
+    with_preset,
+)
+from progress_sql.config.settings import (
+    ALGORITHMS,
+    Algorithm,
+    CompareSettings,
+    CopyWarmupSettings,
+    DataSettings,
+    EnvSettings,
+    EvalSettings,
+    EvalSplit,
+    GenerationSettings,
+    HardnessMix,
+    LoRASettings,
+    MixRatios,
+    ModelSettings,
+    ODTSettings,
+    RewardSettings,
+    RLSettings,
+    SandboxSettings,
+    Settings,
+    SettingsError,
+    SFTSettings,
+    TrackingSettings,
+    default_settings,
+    registered_names,
+)
+from progress_sql.config.yaml_files import yaml_load
+
+__all__ = [
+    "ALGORITHMS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NO_PRESET", "PACKAGE_CONFIGS", "PRESETS_SUBDIR",
+    "Algorithm", "CompareSettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
+    "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings",
+    "RLSettings", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError", "TrackingSettings",
+    "check_model_paths", "default_settings", "dotted_items", "is_local_model_path", "load_preset", "load_settings",
+    "merge_overlay", "preset_file", "preset_names", "presets_dir", "registered_names", "settings_from_dict",
+    "with_preset", "yaml_load",
+]

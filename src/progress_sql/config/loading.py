@@ -1,0 +1,76 @@
+"""From a params tree to validated Settings: ``settings_from_dict`` (a parsed tree plus
+``--set`` overrides) and ``load_settings`` (params.yaml, then a preset's overlay, then the
+overrides), with every validation error reported by its dotted key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from progress_sql.config.presets import presets_dir, with_preset
+from progress_sql.config.settings import Settings, SettingsError
+from progress_sql.config.yaml_files import read_yaml
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid settings in {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            got = e.get("input")
+            shown = repr(got) if not isinstance(got, dict) else "{...}"
+            lines.append(f"  {key}: {e['msg']} (got {shown})")
+    return "\n".join(lines)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SettingsError(f"override {dotted}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def dotted_items(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"rl": {"lr": 1e-4}}`` → ``{"rl.lr": 1e-4}``: nested settings keyed as ``--set`` names
+    them, leaves unchanged (``tracking.flat_params`` makes them MLflow's strings)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(dotted_items(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def settings_from_dict(raw: Any, source: str = "<dict>", overrides: dict[str, Any] | None = None) -> Settings:
+    """Validate a parsed params tree (plus ``{"a.b": value}`` overrides) into Settings."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SettingsError(f"invalid settings in {source}: the top level must be a mapping")
+    raw = dict(raw)
+    for key, value in (overrides or {}).items():
+        _set_dotted(raw, key, value)
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as err:
+        raise SettingsError(_format_errors(err, source)) from None
+
+
+def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None, *,
+                  preset: str | None = None) -> Settings:
+    """Load and validate params.yaml, with a preset's overlay merged in first (``preset``: a
+    name in ``configs/presets/`` or a YAML file, see ``with_preset``) and the ``{"a.b": value}``
+    overrides on top; raise SettingsError with the offending key (and the preset's file)."""
+    path = Path(path)
+    raw = read_yaml(path, "settings file")
+    raw, source = with_preset(raw, preset, str(path), presets_dir(path))
+    return settings_from_dict(raw, source, overrides)
