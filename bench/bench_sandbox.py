@@ -13,9 +13,12 @@ On a generated database (customers, products, orders: ~50k rows, in a temporary 
   a sort of wide rows) with a ``--bomb-timeout`` limit: each alone in a fresh process through
   ``execute_isolated`` (as rollouts judge policy SQL), then all through ``SQLPool`` in one: per
   query the error kind, elapsed and peak memory (RSS, the caller's and its workers'); then the
-  worst overrun (elapsed - limit) and the largest peak.
+  worst overrun (elapsed - limit) and the largest peak;
+- what a worker's start costs: the time to the first answer of a new ``Worker`` (the first in a
+  fresh process, then later ones), and of the query after a hard stop, sent at once or after a
+  pause (a rollout generates between queries: the replacement starts during the pause).
 
-    python bench/bench_sandbox.py [--workers N] [--queries 300] [--repeats 3] [--only-bombs]
+    python bench/bench_sandbox.py [--workers N] [--queries 300] [--repeats 3] [--only-bombs] [--only-starts]
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from progress_sql.config import default_settings
+from progress_sql.config import SandboxSettings, default_settings
 from progress_sql.sql import SQLPool, execute, execute_isolated
 from progress_sql.sql.sandbox import clear_connection_cache
+from progress_sql.sql.worker import Worker
 
 RUNAWAYS = {
     "recursive CTE": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
@@ -42,6 +46,8 @@ RUNAWAYS = {
 }
 BOMBS = {
     "printf 900M chars": "SELECT length(printf('%.*c', 900000000, 'x'))",
+    "instr quadratic": ("SELECT instr(replace(hex(zeroblob(2000000)), '0', 'a') || 'b', "
+                        "replace(hex(zeroblob(500000)), '0', 'a') || 'b')"),
     "randomblob 450 MB": "SELECT length(hex(randomblob(450000000)))",
     "doubling CTE": "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r) SELECT max(length(s)) FROM r",
     "group_concat": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 50000000) "
@@ -228,6 +234,48 @@ def bombs(db: Path, timeout_s: float, workers: int) -> None:
     print(f"worst overrun {max(overruns):+.2f} s; largest peak {max(peaks + [pool_peak]):.0f} MB")
 
 
+def _answer_s(worker: Worker, db: str) -> float:
+    start = time.perf_counter()
+    result, = worker.run([(db, "SELECT 1")])
+    if not result.ok:
+        raise SystemExit(f"worker failed: {result.message}")
+    return time.perf_counter() - start
+
+
+def _first_start(db: str) -> float:
+    worker = Worker()
+    try:
+        return _answer_s(worker, db)
+    finally:
+        worker.close()
+
+
+def worker_starts(db: Path, repeats: int) -> None:
+    """The time to a new worker's first answer, and to the answer after a hard stop."""
+    print(f"worker start, time to the first answer (median of {repeats}; first: a fresh process each):")
+    firsts = [_in_fresh_process(_first_start, str(db)) for _ in range(repeats)]
+    later = []
+    for _ in range(repeats):
+        worker = Worker()
+        later.append(_answer_s(worker, str(db)))
+        worker.close()
+    print(f"  first worker of a process   median {statistics.median(firsts) * 1e3:7.0f} ms   max {max(firsts) * 1e3:7.0f} ms")
+    print(f"  a later worker              median {statistics.median(later) * 1e3:7.0f} ms   max {max(later) * 1e3:7.0f} ms")
+    worker = Worker(SandboxSettings(hard_stop_grace_s=0.2))
+    _answer_s(worker, str(db))
+    for pause in (0.0, 1.0):
+        after = []
+        for _ in range(repeats):
+            stopped, = worker.run([(str(db), BOMBS["instr quadratic"])], timeout_s=0.3)
+            if stopped.error != "timeout":
+                raise SystemExit(f"expected a hard stop, got {stopped.error}: {stopped.message}")
+            time.sleep(pause)
+            after.append(_answer_s(worker, str(db)))
+        print(f"  after a hard stop, {pause:g} s later  median {statistics.median(after) * 1e3:7.0f} ms   "
+              f"max {max(after) * 1e3:7.0f} ms")
+    worker.close()
+
+
 def main() -> None:
     cfg = default_settings().sandbox
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,7 +288,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bomb-timeout", type=float, default=2.0)
     parser.add_argument("--only-bombs", action="store_true", help="only the panel of memory and one-operation queries")
+    parser.add_argument("--only-starts", action="store_true", help="only what a worker's start costs")
     args = parser.parse_args()
+    if args.only_starts:
+        with tempfile.TemporaryDirectory() as tmp:
+            worker_starts(build_database(Path(tmp), args.seed), args.repeats)
+        return
     if args.only_bombs:
         with tempfile.TemporaryDirectory() as tmp:
             bombs(build_database(Path(tmp), args.seed), args.bomb_timeout, args.workers)
@@ -285,6 +338,7 @@ def main() -> None:
                     raise SystemExit(f"{name}: expected a timeout, got {result.error}: {result.message}")
             print(f"  {name:<18} median {statistics.median(late) * 1e3:6.1f} ms   max {max(late) * 1e3:6.1f} ms")
         bombs(db, args.bomb_timeout, args.workers)
+        worker_starts(db, args.repeats)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ project's own single-turn environment gives. Bad input gets the recipe's floor
 - ``gold_failed``: the gold query does not execute (the example cannot be judged);
 - ``error``: anything else raised (the message says what).
 
+A sandbox that cannot start (``sql.SandboxUnavailable``) is the one exception that is raised:
+it is the machine's fault, not the completion's, and a floor reward would train on it.
+
 ``score_batch`` scores many completions at once, their queries executed through one
 ``SQLPool`` (worker processes) in a single round, each distinct query once.
 
@@ -28,7 +31,7 @@ from typing import Any, Mapping, Sequence
 from progress_sql import rewards
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.rewards.types import Judge, Recipe, Trajectory, Turn
-from progress_sql.sql import BatchVerdicts, SQLPool
+from progress_sql.sql import BatchVerdicts, SandboxUnavailable, SQLPool
 from progress_sql.sql.verdict import gold_comparison_result
 
 REASONS = ("no_sql", "no_database", "gold_failed", "error")
@@ -112,6 +115,8 @@ def score_turns(recipe: Recipe, trajectory: Trajectory, settings: Any, judge: Ju
 def _guarded(recipe: Recipe, settings: Any, run: Any) -> Scored:
     try:
         return run()
+    except SandboxUnavailable:  # no verdict at all, not a bad completion
+        raise
     except Exception as err:  # a framework's loop must get a number: report, never raise
         return floor(recipe, settings, f"error: {type(err).__name__}: {err}")
 
@@ -133,7 +138,8 @@ def score_completion(
     ``recipe`` on the one-turn trajectory ``make_turn`` builds, or the floor with the reason
     (see the module notes). ``question`` and ``difficulty`` are what some recipes read (the
     LLM judge, SQL-Trail's turn limits); ``semantics`` how the answer is judged (the example's:
-    ``spider`` or ``bird``). Never raises."""
+    ``spider`` or ``bird``). Never raises for bad input (``SandboxUnavailable`` when the
+    sandbox cannot start)."""
     recipe = resolve_recipe(recipe)
     settings = task_settings(settings)
 

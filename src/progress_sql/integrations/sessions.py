@@ -28,6 +28,7 @@ from progress_sql.envs.settings import EnvSettings
 from progress_sql.integrations.scoring import Scored, check_task, floor, resolve_recipe, score_turns, task_settings
 from progress_sql.integrations.tasks import example_from_row
 from progress_sql.rewards.types import Judge, Recipe
+from progress_sql.sql import SandboxUnavailable
 
 
 PROTOCOLS: dict[str, type[Env]] = envs.protocols()  # protocol name -> environment class
@@ -116,19 +117,24 @@ class EpisodeSession:
                 names = ("db_id", "question", "difficulty", "evidence", "example_id", "hardness", "semantics")
                 example = example_from_row(gold_sql, **{k: columns.get(k, "") for k in names})
                 return [dict(m) for m in self.env.reset(example, db_path)]
+        except SandboxUnavailable:  # no verdict at all, not a bad output
+            raise
         except Exception as err:  # the framework's loop goes on: report it in the score
             self.reason = f"error: {type(err).__name__}: {err}"
         self._finished = True
         return []
 
     def step(self, text: Any) -> Reply:
-        """Take one model output; the environment's reply (see ``Reply``). Never raises."""
+        """Take one model output; the environment's reply (see ``Reply``). Never raises for bad
+        output (``SandboxUnavailable`` when the sandbox cannot start)."""
         if self._finished:
             return Reply(EPISODE_OVER, True, counted=False)
         if not isinstance(text, str):
             return Reply(NOT_TEXT, False, counted=False)
         try:
             result = self.env.step(text)
+        except SandboxUnavailable:  # no verdict at all, not a bad output
+            raise
         except Exception as err:  # a turn half-recorded: the episode cannot go on
             self.reason, self._finished = f"error: {type(err).__name__}: {err}", True
             return Reply("", True, info={"reason": self.reason})
@@ -145,5 +151,7 @@ class EpisodeSession:
             if not self.env.episode.turns:
                 return floor(self.recipe, self.settings, "no_sql: the episode has no turn", 0)
             return score_turns(self.recipe, self.env.episode.trajectory(), self.settings, self.judge)
+        except SandboxUnavailable:  # no verdict at all, not a bad output
+            raise
         except Exception as err:
             return floor(self.recipe, self.settings, f"error: {type(err).__name__}: {err}", self.turns)

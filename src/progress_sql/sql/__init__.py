@@ -16,7 +16,7 @@ from progress_sql.sql.verdict import (
     test_suite_match,
     verdict,
 )
-from progress_sql.sql.worker import execute_isolated
+from progress_sql.sql.worker import SandboxUnavailable, execute_isolated
 
 __all__ = [
     "BatchVerdicts",
@@ -27,6 +27,7 @@ __all__ = [
     "HARDNESS_LEVELS",
     "SQLParseError",
     "SQLPool",
+    "SandboxUnavailable",
     "Semantics",
     "Verdict",
     "execute",

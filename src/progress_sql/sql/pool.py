@@ -8,8 +8,9 @@ reached 1.8-2.0x the single-thread rate and threads 1.4-1.8x; on ~80 µs point l
 and-faults.md), threads 0.3-0.45x. sqlite3 releases the GIL while SQLite steps, but the
 Python side of every query (the sqlglot check, row conversion, the progress handler) needs it,
 and with short queries threads spend their time handing the GIL back and forth. Each worker
-keeps its own cached read-only connections. Inside a daemonic process, which may not have
-children, or with ``sandbox.isolate: false``, the pool runs ``execute`` in threads instead.
+keeps its own cached read-only connections. With ``sandbox.isolate: false`` the pool runs
+``execute`` in threads instead. Workers are interpreters of their own (not multiprocessing
+children), so a pool works in any process, a daemonic one too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.sandbox import execute
-from progress_sql.sql.worker import Job, Worker, can_have_children
+from progress_sql.sql.worker import Job, Worker
 
 _CHUNKS_PER_WORKER = 4  # jobs go out in chunks: fewer round trips, still balanced
 
@@ -47,12 +48,13 @@ class SQLPool:
         self.workers = self._settings.workers if workers is None else int(workers)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers!r}")
-        self.uses_processes = self._settings.isolate and can_have_children()
+        self.uses_processes = self._settings.isolate
         self._slots = [Worker(self._settings) for _ in range(self.workers)] if self.uses_processes else []
         self._closed = False
 
     def map(self, jobs: Sequence[Job], timeout_s: float | None = None, max_rows: int | None = None) -> list[ExecResult]:
-        """Execute every ``(db_path, sql)`` job; results in input order (never raises per job)."""
+        """Execute every ``(db_path, sql)`` job; results in input order (never raises per job;
+        ``SandboxUnavailable`` when a worker cannot be started)."""
         if self._closed:
             raise RuntimeError("SQLPool is closed")
         jobs = list(jobs)

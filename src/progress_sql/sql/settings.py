@@ -24,7 +24,8 @@ class SandboxSettings(Section):
     max_memory_mb: int = Field(1024, ge=16, le=1_000_000)
     # Policy SQL runs in a supervised worker process (sql/worker.py): killed when one SQLite
     # operation outlives the deadline by hard_stop_grace_s, capped at worker_memory_mb of address
-    # space. false: in the calling process (no hard stop; for a sandbox inside a daemonic process).
+    # space. false: in the calling process (no hard stop, no memory cap; where no second
+    # interpreter may be started).
     isolate: bool = True
     hard_stop_grace_s: float = Field(0.5, gt=0.0, le=60.0)
     worker_memory_mb: int = Field(2048, ge=256, le=1_000_000)

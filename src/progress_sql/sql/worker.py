@@ -1,30 +1,48 @@
 """A supervised worker process for SQL the policy wrote: a hard stop and a memory cap.
 
 ``execute``'s progress handler stops a query between SQLite's virtual-machine steps, but not
-inside one: one built-in call can loop for seconds (``printf('%.*c', 900000000, 'x')`` on
-SQLite 3.40 spends ~8 s failing to grow a string, one character at a time; ``instr`` on two
-long strings is quadratic). Only a process can be stopped in the middle of that, so policy SQL
+inside one: one built-in call can loop for seconds (``instr`` on two long strings is quadratic;
+SQLite 3.40's ``printf('%.*c', 900000000, 'x')`` spent ~8 s failing to grow a string before the
+sandbox bounded ``printf``). Only a process can be stopped in the middle of that, so policy SQL
 runs in a child that the parent kills when a query outlives its deadline by
 ``sandbox.hard_stop_grace_s``, and that cannot grow past ``sandbox.worker_memory_mb`` of address
 space (``RLIMIT_AS``: past it allocations fail and the query ends with ``out_of_memory``, the
-trainer's memory untouched). A killed worker is restarted for the next query; jobs after the
-stopped one are re-sent.
+trainer's memory untouched). A killed worker is restarted at once, for the next query; jobs
+after the stopped one are re-sent.
+
+The child is an interpreter of its own (``python -P -m progress_sql.sql.worker_main``, see
+there), not a multiprocessing child: multiprocessing's spawn and forkserver re-import the
+caller's ``__main__`` in the child, which fails for code read from stdin and runs an unguarded
+script's top level a second time. This one imports only the package (the caller's copy: its
+root leads the child's ``PYTHONPATH``; ``-P`` keeps the caller's folder off its path), reads no
+stdin and writes nothing to the caller's stdout; it talks over a socket pair of its own. Any
+process may start it: a script, ``python -c``, code on stdin, a notebook, a Ray worker, a
+daemonic multiprocessing child. A cold start costs about half a second (the interpreter and
+sqlglot): see bench/bench_sandbox.py.
+
+A worker that cannot start raises ``SandboxUnavailable`` naming the cause: a sandbox that is
+not there gives no verdict, never a "wrong" one.
 
 ``execute_isolated`` is ``execute`` through one process-wide worker (rollouts judge one turn at
-a time); ``SQLPool`` keeps one ``Worker`` per slot. Inside a daemonic process, which may not
-have children, or with ``sandbox.isolate: false``, queries run in this process instead.
+a time); ``SQLPool`` keeps one ``Worker`` per slot. With ``sandbox.isolate: false`` queries
+run in the calling process instead (no hard stop, no memory cap).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import resource
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Sequence
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection
+from typing import IO
 
+import progress_sql
 from progress_sql.sql.result import ExecResult
 from progress_sql.sql.sandbox import execute
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
@@ -32,20 +50,30 @@ from progress_sql.sql.settings import SandboxSettings, default_sandbox
 Job = tuple["str | os.PathLike", str]
 
 _START_TIMEOUT_S = 120.0  # a cold interpreter importing sqlglot on a loaded machine
+_LOG_TAIL_BYTES = 2000  # how much of a dead worker's stderr its error quotes
 
 
-def start_method() -> str:
-    """``forkserver`` where there is one (a parent with threads stays safe), else ``spawn``; never ``fork``."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+class SandboxUnavailable(RuntimeError):
+    """The SQL worker process cannot be started (or keeps dying while idle); the message names
+    the cause. Raised, never turned into an ``ExecResult``: no verdict without a sandbox."""
 
 
-def can_have_children() -> bool:
-    return not multiprocessing.current_process().daemon
+def _package_root() -> str:
+    """The folder holding the caller's ``progress_sql`` package."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(progress_sql.__file__)))
+
+
+def _child_env() -> dict[str, str]:
+    """The caller's environment with its package root first on ``PYTHONPATH`` (a source checkout
+    or another copy than the installed one), so the worker imports the same ``progress_sql``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def _absolute(job: Job) -> Job:
-    """The job with its database path made absolute: the child's working folder is the fork
-    server's, not the caller's (the caller may have changed folder since the worker started)."""
+    """The job with its database path made absolute: the caller may have changed folder since
+    the worker started."""
     db_path, sql = job
     try:
         return os.path.abspath(db_path), sql
@@ -53,50 +81,103 @@ def _absolute(job: Job) -> Job:
         return db_path, sql
 
 
-def _serve(conn: Connection, settings: SandboxSettings) -> None:
-    """The child: cap the address space, then answer each job of each batch, one result at a time."""
-    cap = settings.worker_memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    conn.send(None)  # ready: the parent's clock for the first query starts now, not at the fork
-    while True:
-        try:
-            jobs, timeout_s, max_rows = conn.recv()
-            for db_path, sql in jobs:
-                conn.send(execute(db_path, sql, timeout_s, max_rows, settings=settings))
-        except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone or stopping us
-            return
+def _tail(log: IO[bytes] | None) -> str:
+    """The last line of what the worker wrote to its stderr (a traceback's error line)."""
+    if log is None:
+        return ""
+    try:
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - _LOG_TAIL_BYTES))
+        lines = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _reap(process: subprocess.Popen, conn: Connection, log: IO[bytes]) -> None:
+    """Stop one worker for good (also what a garbage-collected ``Worker`` or the interpreter's exit runs)."""
+    conn.close()
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    log.close()
 
 
 class Worker:
-    """One child process running ``execute``; ``run`` never raises per job. Not thread-safe."""
+    """One child interpreter running ``execute``; ``run`` never raises per job (but raises
+    ``SandboxUnavailable`` when no worker can be started). Not thread-safe."""
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:
         self._settings = settings if settings is not None else default_sandbox()
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
+        self._log: IO[bytes] | None = None  # the child's stderr, quoted when it dies
+        self._ready = False
+        self._reaper: weakref.finalize | None = None
         self.stops = 0  # queries ended by killing the worker (for benches and tests)
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def _start(self) -> Connection:
-        context = multiprocessing.get_context(start_method())
-        if start_method() == "forkserver":  # restarts fork from a server that has the sandbox imported
-            context.set_forkserver_preload([__name__])
-        parent, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, self._settings), name="sql-worker", daemon=True)
-        self._process.start()
-        child.close()
-        self._conn = parent
+    def _launch(self) -> None:
+        """Start a child (not waiting for it to be ready: its start-up overlaps the caller's work)."""
+        if not sys.executable:
+            raise SandboxUnavailable("cannot start the SQL worker: sys.executable is empty (no Python "
+                                     "interpreter to run it with); set sandbox.isolate: false to run SQL in-process")
+        parent, child = Pipe()  # a socket pair: framed pickles both ways, poll() for deadlines
+        log = tempfile.TemporaryFile(prefix="progress-sql-worker-")
+        command = [sys.executable, "-P", "-m", "progress_sql.sql.worker_main", str(child.fileno()),
+                   progress_sql.__file__]
         try:
-            if not parent.poll(_START_TIMEOUT_S):
+            process = subprocess.Popen(command, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=log, env=_child_env())
+        except (OSError, ValueError) as err:
+            parent.close()
+            log.close()
+            raise SandboxUnavailable(f"cannot start the SQL worker ({sys.executable} -m "
+                                     f"progress_sql.sql.worker_main): {err}") from err
+        finally:
+            child.close()
+        self._process, self._conn, self._log, self._ready = process, parent, log, False
+        self._reaper = weakref.finalize(self, _reap, process, parent, log)
+        try:
+            parent.send(self._settings)
+        except OSError:
+            pass  # it died at once: _connection() reports why
+
+    def _connection(self) -> Connection:
+        """The ready child's socket, starting a child first when there is none."""
+        if self._conn is None:
+            self._launch()
+        conn = self._conn
+        if self._ready:
+            return conn
+        try:
+            if not conn.poll(_START_TIMEOUT_S):
                 raise TimeoutError(f"no answer within {_START_TIMEOUT_S:g} s")
-            parent.recv()
-        except (EOFError, OSError) as err:
+            status, detail = conn.recv()
+        except (EOFError, OSError, TimeoutError) as err:
+            why = self._death() or f"{type(err).__name__}: {err}"
             self.close()
-            raise RuntimeError(f"the SQL worker process did not start ({type(err).__name__}: {err})") from err
-        return parent
+            raise SandboxUnavailable(f"the SQL worker process did not start: {why}") from None
+        if status != "ready":
+            self.close()
+            raise SandboxUnavailable(f"the SQL worker process did not start: {detail}")
+        self._ready = True
+        return conn
+
+    def _death(self) -> str:
+        """How the child ended (its exit status and last line of stderr), '' while it runs."""
+        process = self._process
+        if process is None:
+            return ""
+        try:
+            code = process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return ""
+        tail = _tail(self._log)
+        return f"exit code {code}" + (f": {tail}" if tail else "")
 
     def run(self, jobs: Sequence[Job], timeout_s: float | None = None, max_rows: int | None = None) -> list[ExecResult]:
         """``execute`` of every job in the child, results in order. A job that outlives its deadline
@@ -109,21 +190,16 @@ class Worker:
         try:
             while len(results) < len(jobs):
                 pending = jobs[len(results):]
-                try:
-                    conn = self._conn or self._start()
-                except RuntimeError as err:
-                    results += [ExecResult(error="runtime", message=str(err)) for _ in pending]
-                    break
+                conn = self._connection()
                 try:
                     conn.send((pending, timeout, max_rows))
-                except OSError:  # it died while idle (killed from outside): start another
+                except OSError as err:  # it died while idle (killed from outside): start another
+                    why = self._death() or str(err)
                     self.close()
-                    if not retried:
-                        retried = True
-                        continue
-                    results += [ExecResult(error="runtime", message="the SQL worker process keeps dying")
-                                for _ in pending]
-                    break
+                    if retried:
+                        raise SandboxUnavailable(f"the SQL worker process keeps dying while idle ({why})") from None
+                    retried = True
+                    continue
                 for _ in pending:
                     began = time.monotonic()  # the child starts the next job as it sends the last result
                     result = self._receive(conn, began + limit)
@@ -146,34 +222,41 @@ class Worker:
             return True
 
     def _stopped(self, elapsed: float, timeout: float, died: bool) -> ExecResult:
-        """Kill the child (unless it died by itself) and say what ended its query."""
-        process = self._process
-        self.close()
+        """Kill the child (unless it died by itself), start the next one and say what ended its query."""
         if not died:
+            self.close()
             self.stops += 1
+            self._relaunch()
             return ExecResult(error="timeout", elapsed_s=elapsed,
                               message=f"query stopped after exceeding the {timeout:g} s time limit "
                                       "(one SQLite operation ignored the deadline: its worker was killed)")
-        code = process.exitcode if process is not None else None
+        code = self._process.wait() if self._process is not None else None
+        tail = _tail(self._log)
+        self.close()
+        self._relaunch()
         if code == -9:  # not ours: the kernel's OOM killer is the usual sender
             return ExecResult(error="out_of_memory", elapsed_s=elapsed,
                               message="the worker running the query was killed, most likely for memory "
                                       f"(sandbox.worker_memory_mb = {self._settings.worker_memory_mb})")
-        # 255: the fork server lost the status (seen when two workers die at once)
-        how = "its exit status was lost" if code == 255 and start_method() == "forkserver" else f"exit code {code}"
         return ExecResult(error="runtime", elapsed_s=elapsed,
-                          message=f"the worker running the query died ({how}); the query's result was lost")
+                          message=f"the worker running the query died (exit code {code}"
+                                  f"{': ' + tail if tail else ''}); the query's result was lost")
+
+    def _relaunch(self) -> None:
+        """Start the replacement now, so a caller that generates before its next query finds it
+        warm; a failure is left for the next ``run`` to report."""
+        try:
+            self._launch()
+        except SandboxUnavailable:
+            pass
 
     def close(self) -> None:
         """Stop the child now (idempotent); the next ``run`` starts a new one."""
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
-        if conn is not None:
-            conn.close()
-        if process is not None:
-            if process.is_alive():
-                process.kill()
-            process.join()
+        reaper = self._reaper
+        self._process = self._conn = self._log = self._reaper = None
+        self._ready = False
+        if reaper is not None:
+            reaper()
 
 
 _shared: Worker | None = None
@@ -189,10 +272,11 @@ def execute_isolated(
     *,
     settings: SandboxSettings | None = None,
 ) -> ExecResult:
-    """``execute`` in the process-wide supervised worker (see the module docstring); never raises."""
+    """``execute`` in the process-wide supervised worker (see the module docstring); never raises
+    per query (``SandboxUnavailable`` when no worker can be started)."""
     global _shared, _shared_settings
     cfg = settings if settings is not None else default_sandbox()
-    if not cfg.isolate or not can_have_children():
+    if not cfg.isolate:
         return execute(db_path, sql, timeout_s, max_rows, settings=cfg)
     with _shared_lock:
         if _shared is None or _shared_settings != cfg:
