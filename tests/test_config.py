@@ -158,3 +158,87 @@ def test_configuration_reference_is_in_sync():
     for key in _leaf_keys(Settings().model_dump()):
         assert f"`{key}`" in expected
     assert "docs/CONFIG.md" in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- duplicate keys (issue 39)
+def test_a_section_given_twice_in_params_yaml_is_an_error_naming_it_and_both_lines(tmp_path: Path):
+    # a second rl: section appended to params.yaml used to replace the first silently
+    path = tmp_path / "params.yaml"
+    text = PARAMS.read_text(encoding="utf-8")
+    first = 1 + next(i for i, line in enumerate(text.splitlines()) if line.startswith("rl:"))
+    path.write_text(text + "rl:\n  steps: 6\n", encoding="utf-8")
+    second = len(text.splitlines()) + 1
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert str(err.value) == (f"{path}: duplicate key 'rl' at line {second} (first at line {first}): YAML would "
+                              "keep only the last one; remove or merge one of them")
+
+
+def test_a_key_given_twice_in_a_section_is_an_error(tmp_path: Path):
+    path = tmp_path / "params.yaml"
+    path.write_text("rl:\n  lr: 1\n  steps: 3\n  lr: 2\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=r"duplicate key 'rl\.lr' at line 4 \(first at line 2\)"):
+        load_settings(path)
+
+
+def test_a_preset_with_a_duplicate_key_is_an_error_naming_its_file(tmp_path: Path):
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("sft:\n  epochs: 1\nsft:\n  epochs: 2\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=rf"{preset}: duplicate key 'sft' at line 3 \(first at line 1\)"):
+        load_settings(PARAMS, preset=str(preset))
+
+
+def test_a_comparison_file_with_a_duplicate_key_is_an_error(tmp_path: Path):
+    from progress_sql.comparisons.spec import ComparisonError, load_comparison
+
+    path = tmp_path / "mine.yaml"
+    path.write_text((REPO / "configs" / "comparisons" / "methods.yaml").read_text(encoding="utf-8")
+                    + "description: again\n", encoding="utf-8")
+    with pytest.raises(ComparisonError, match=r"duplicate key 'description' at line \d+ \(first at line \d+\)"):
+        load_comparison(str(path))
+
+
+def test_yaml_without_duplicates_still_reads_merge_keys_and_aliases():
+    from progress_sql.config import yaml_load
+
+    assert yaml_load("base: &b {k: 1, j: 2}\nd:\n  <<: *b\n  k: 3\nl: [*b, *b]\n") == {
+        "base": {"k": 1, "j": 2}, "d": {"k": 3, "j": 2}, "l": [{"k": 1, "j": 2}] * 2}
+
+
+def test_a_duplicate_in_params_yaml_exits_2_from_the_cli(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from progress_sql.cli import app
+
+    path = tmp_path / "params.yaml"
+    path.write_text("odt:\n  max_nodes: 5\nodt:\n  max_nodes: 6\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["odt", "diff", "SELECT 1", "SELECT 1", "--params", str(path)])
+    assert result.exit_code == 2
+    assert "duplicate key 'odt' at line 3 (first at line 1)" in result.output
+
+
+# ----------------------------------------------------------------------------- who is blamed (issue 39)
+def test_a_bad_set_override_is_blamed_on_the_set_not_on_the_preset():
+    from progress_sql.cli.common import parse_overrides
+
+    with pytest.raises(SettingsError) as err:
+        load_settings(PARAMS, overrides=parse_overrides(["rl.lr=.inf"]), preset="cpu-demo")
+    assert str(err.value) == "invalid --set override:\n  rl.lr: Input should be a finite number (got inf)"
+    with pytest.raises(SettingsError, match=r"^invalid --set override:\n  rl: .*rl\.question_pool is now"):
+        load_settings(PARAMS, overrides={"rl.question_pool": "solved"})
+
+
+def test_a_bad_file_value_is_still_blamed_on_the_file_beside_a_good_override(tmp_path: Path):
+    path = tmp_path / "params.yaml"
+    path.write_text("rl:\n  lr: -1\n", encoding="utf-8")
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, overrides={"rl.steps": 3, "env.max_turns": 0})
+    assert str(err.value).splitlines() == [
+        f"invalid settings in {path}:", "  rl.lr: Input should be greater than 0 (got -1)",
+        "invalid --set override:", "  env.max_turns: Input should be greater than or equal to 1 (got 0)"]
+
+
+def test_overrides_leave_the_callers_tree_alone():
+    raw = {"rl": {"lr": 0.001}}
+    assert settings_from_dict(raw, "test", {"rl.steps": 3}).rl.steps == 3
+    assert raw == {"rl": {"lr": 0.001}}

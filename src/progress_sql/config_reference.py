@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.config import Settings, registered_names
+from progress_sql.config import Settings, registered_names, yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -99,7 +99,7 @@ def reference_markdown(params_text: str) -> str:
 def missing_params(params_text: str) -> str:
     """The settings with no key in ``params_text`` (a params.yaml), as YAML of their defaults
     nested under their sections ('' when none is missing)."""
-    listed = yaml.safe_load(params_text) or {}
+    listed = yaml_load(params_text) or {}
     missing: dict[str, Any] = {}
 
     def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ overrides), with every validation error reported by its dotted key."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,31 @@ from progress_sql.config.settings import Settings, SettingsError
 from progress_sql.config.yaml_files import read_yaml
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid settings in {source}:"]
+def _has(tree: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _format_errors(err: ValidationError, source: str, overridden: tuple[str, ...] = (), raw: Any = None) -> str:
+    """One line per error under the header of where its value came from: a ``--set`` override
+    when its key is (or lies under) one of ``overridden``, or when a section's error comes from
+    an override that put a key there the source did not have; else ``source``."""
+    blamed: dict[str, list[str]] = {f"invalid settings in {source}:": [], "invalid --set override:": []}
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            line = f"  {key}: unknown key"
         else:
             got = e.get("input")
             shown = repr(got) if not isinstance(got, dict) else "{...}"
-            lines.append(f"  {key}: {e['msg']} (got {shown})")
-    return "\n".join(lines)
+            line = f"  {key}: {e['msg']} (got {shown})"
+        by_override = any(key == k or key.startswith(k + ".") or (k.startswith(key + ".") and not _has(raw, k))
+                          for k in overridden)
+        blamed["invalid --set override:" if by_override else f"invalid settings in {source}:"].append(line)
+    return "\n".join(line for header, lines in blamed.items() if lines for line in (header, *lines))
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -56,13 +71,13 @@ def settings_from_dict(raw: Any, source: str = "<dict>", overrides: dict[str, An
         raw = {}
     if not isinstance(raw, dict):
         raise SettingsError(f"invalid settings in {source}: the top level must be a mapping")
-    raw = dict(raw)
+    given, raw = raw, copy.deepcopy(raw)  # the overrides change nested sections: not the caller's
     for key, value in (overrides or {}).items():
         _set_dotted(raw, key, value)
     try:
         return Settings.model_validate(raw)
     except ValidationError as err:
-        raise SettingsError(_format_errors(err, source)) from None
+        raise SettingsError(_format_errors(err, source, tuple(overrides or ()), given)) from None
 
 
 def load_settings(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None, *,
