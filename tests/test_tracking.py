@@ -278,3 +278,28 @@ def test_a_copied_store_writes_its_artifacts_beside_itself(tmp_path, monkeypatch
     client = MlflowClient(f"sqlite:///{tmp_path / 'b' / 'mlruns' / 'mlflow.db'}")
     assert client.get_run(first).info.artifact_uri.startswith((tmp_path / "b").resolve().as_uri())
     assert client.download_artifacts(first, "note.txt", str(tmp_path)).endswith("note.txt")
+
+
+def test_a_folder_named_with_uri_characters_keeps_its_store_inside_it(tmp_path, monkeypatch, no_active_run):
+    # issue 39: in a folder named "odd #1 %20?x" the store went to a file "odd #1  " beside it
+    from progress_sql.servers import mlflow_store_uri
+
+    odd = tmp_path / "odd #1 %20?x"
+    odd.mkdir()
+    note = odd / "note.txt"
+    note.write_text("hello", encoding="utf-8")
+    monkeypatch.chdir(odd)
+    for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT", tracking.PARENT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    settings = make_settings("odd")
+    with tracking.pipeline_run(settings, "p") as run:
+        tracking.log_artifacts(note)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [odd.name]  # nothing beside the folder
+    store = odd / "mlruns" / "mlflow.db"
+    assert store.is_file()
+    client = MlflowClient(tracking.tracking_uri(settings))
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert (odd / "mlruns" / "artifacts" / run.info.run_id / "artifacts" / "note.txt").is_file()
+    assert mlflow_store_uri(odd) == tracking.tracking_uri(settings)  # `progress-sql ui` opens the same store
+    (odd / "params.yaml").write_text("tracking:\n  tracking_uri: sqlite:///mlruns/mlflow.db\n", encoding="utf-8")
+    assert mlflow_store_uri(odd) == tracking.tracking_uri(settings)  # a relative SQLite path, made absolute

@@ -1,6 +1,6 @@
 """Atomic writers for the text, JSON and CSV files the stages leave behind (metrics, reports,
-plot data), and the one-writer lock of an output folder. The bottom of the import stack: it
-imports nothing from the package, so every layer may use it.
+plot data), the one-writer lock of an output folder, and the SQLite URI of a file path. The
+bottom of the import stack: it imports nothing from the package, so every layer may use it.
 
 A file is written to a temporary sibling and renamed over its target, so a reader (DVC, a
 dashboard, a concurrent stage) never sees half a file.
@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
+from urllib.parse import unquote
 
 
 def write_text(path: Path, text: str) -> None:
@@ -120,3 +121,43 @@ def _holder(raw: bytes) -> str:
         return f"pid {info['pid']} on {info['host']} since {info['started']}: {info['command']}"
     except (ValueError, KeyError, TypeError):
         return "a process that has not written its details yet"
+
+
+# ----------------------------------------------------------------------------- SQLite URIs
+SQLITE_PREFIX = "sqlite:///"
+
+
+def sqlite_uri(path: str | Path) -> str:
+    """``sqlite:////abs/path`` of a file, as SQLAlchemy (MLflow's store) reads it back: its path
+    is cut at the first ``?`` (a query) and then percent-decoded, so ``%`` and ``?`` in a folder's
+    name are escaped. Nothing else is: MLflow creates the URI's folder from the path as written
+    (3.17), so an escaped space or ``#`` would leave an empty folder of that name beside it."""
+    return SQLITE_PREFIX + str(Path(path).resolve()).replace("%", "%25").replace("?", "%3F")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI (decoded, as SQLAlchemy opens it; its query dropped), or
+    None for another kind of URI."""
+    if not uri.startswith(SQLITE_PREFIX):
+        return None
+    return Path(unquote(uri[len(SQLITE_PREFIX):].partition("?")[0]))
+
+
+@contextlib.contextmanager
+def no_stray_sqlite_folder(uri: str) -> Iterator[None]:
+    """Remove, on the way out, the folder MLflow (3.17) creates for a ``sqlite:///`` URI from its
+    path as written, not decoded: for an escaped path (``sqlite_uri`` of a folder named with
+    ``%`` or ``?``) an empty folder beside the real one. Only folders that did not exist before
+    and are still empty go."""
+    real = sqlite_path(uri)
+    written = Path(uri[len(SQLITE_PREFIX):]).parent if real is not None else None
+    made = [] if written is None or written == real.parent else [  # deepest first
+        p for p in (written, *written.parents) if not p.exists()]
+    try:
+        yield
+    finally:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not made after all: leave it and what is above
+                break

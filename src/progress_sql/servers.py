@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from progress_sql.files import no_stray_sqlite_folder, sqlite_path, sqlite_uri
+
 # The deployments flows/serve.py serves (it builds them under these names).
 DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model", "compare-methods")
 PREFECT_PORT = 4200  # Prefect's and MLflow's usual ports
@@ -297,9 +299,11 @@ def mlflow_store_uri(root: Path) -> str:
             uri = load_settings(root / "params.yaml").tracking.tracking_uri
         except SettingsError:
             uri = ""
-    uri = uri or "sqlite:///mlruns/mlflow.db"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = f"sqlite:///{(root / uri[len('sqlite:///'):]).resolve()}"
+    if not uri:
+        return sqlite_uri(root / "mlruns" / "mlflow.db")  # % and ? escaped (a folder may be named so)
+    db = sqlite_path(uri)
+    if db is not None and not db.is_absolute():
+        uri = sqlite_uri(root / db)
     return uri
 
 
@@ -321,20 +325,20 @@ def mlflow_server(log_dir: Path, store: str, *, port: int | None = None, hostnam
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--host", "127.0.0.1",
            "--port", str(port), "--workers", "1"]
-    if store.startswith("sqlite:///"):
-        db = Path(store[len("sqlite:///"):])
+    db = sqlite_path(store)
+    if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         cmd += ["--artifacts-destination", str(db.parent / "artifacts")]
     if hostnames:
         allowed = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", *hostnames, *(f"{h}:*" for h in hostnames)]
         cmd += ["--allowed-hosts", ",".join(allowed),
                 "--cors-allowed-origins", ",".join(f"http://{h}:*" for h in hostnames)]
-    server = start("mlflow server", cmd, _env(), log_dir / "mlflow-server.log", cwd=log_dir)
-    try:
-        wait_healthy(f"{url}/health", server, timeout_s)
+    with ExitStack() as stack:
+        with no_stray_sqlite_folder(store):  # the server connects to its store as it starts
+            server = start("mlflow server", cmd, _env(), log_dir / "mlflow-server.log", cwd=log_dir)
+            stack.callback(stop, server)
+            wait_healthy(f"{url}/health", server, timeout_s)
         yield MlflowServer(url, store, server)
-    finally:
-        stop(server)
 
 
 # ----------------------------------------------------------------------------- progress-sql ui

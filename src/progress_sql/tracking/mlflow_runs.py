@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from progress_sql.config import Settings
+from progress_sql.files import no_stray_sqlite_folder, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:  # a type only: importing the runner would pull in the whole eval stack
     from progress_sql.eval.runner import EvalResult
@@ -87,15 +88,15 @@ def tracking_uri(settings: Settings) -> str:
     if settings.tracking.tracking_uri:
         return settings.tracking.tracking_uri
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
-    return f"sqlite:///{(root / 'mlruns' / 'mlflow.db').resolve()}"
+    return sqlite_uri(root / "mlruns" / "mlflow.db")  # % and ? escaped (a folder may be named so)
 
 
 def _local_artifact_root(uri: str) -> str | None:
     """Artifacts of a local SQLite store live beside the database (MLflow's own default is
     ``./mlruns`` under whatever the working directory happens to be)."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         return None
-    db = Path(uri[len("sqlite:///"):])
     return (db.parent / "artifacts").resolve().as_uri()
 
 
@@ -109,7 +110,7 @@ def _relocate_artifacts(uri: str, experiment: Any) -> None:
         return
     columns = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("logged_models", "artifact_location"),
                ("model_versions", "source"), ("model_versions", "storage_location"))
-    con = sqlite3.connect(uri[len("sqlite:///"):], timeout=30)
+    con = sqlite3.connect(sqlite_path(uri), timeout=30)
     try:
         with con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -135,9 +136,10 @@ def configure(settings: Settings) -> str:
     if cache_key in _configured:
         mlflow.set_experiment(experiment_id=_configured[cache_key])
         return _configured[cache_key]
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    client = MlflowClient(uri)
+    if (db := sqlite_path(uri)) is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    with no_stray_sqlite_folder(uri):  # the client connects to the store as it is made
+        client = MlflowClient(uri)
     try:
         experiment = client.get_experiment_by_name(name)
         if experiment is not None and uri.startswith("sqlite:///"):
