@@ -84,7 +84,7 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     """``sft``: the warm start from ``sft.init_from`` into ``out`` (default ``sft.out_dir``);
     sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow.
     The result and its summary metrics."""
-    from progress_sql import tracking
+    from progress_sql import rewards, tracking
     from progress_sql.config import check_model_paths
     from progress_sql.corpus.integrity import require_intact
     from progress_sql.tracking.stage_reports import sft_reports
@@ -92,7 +92,10 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
 
     check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
-    with writer_lock(out or settings.sft.out_dir), tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir)):
+    # named by the output format it teaches: a comparison trains one SFT per format
+    run_name = f"sft {rewards.get(settings.rl.recipe).fmt}"
+    with writer_lock(out or settings.sft.out_dir), \
+            tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir), run_name=run_name):
         result = run_sft(settings, corpus_dir, out_dir=out, progress=progress)
         summary = sft_reports(result, Path(report_dir))
         for step, loss in enumerate(result.losses, start=1):

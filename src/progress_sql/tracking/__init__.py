@@ -7,8 +7,8 @@
 >>> v = tracking.register_model("outputs/rl/final", settings=settings)   # doctest: +SKIP
 >>> tracking.promote_if_better(name, v, "dev/greedy/ex", 0.41, settings)  # doctest: +SKIP
 
-- ``mlflow_runs``: tracking URI, parent and nested runs, params, metrics, artifacts, an
-  evaluation's metrics and files (``log_eval``);
+- ``mlflow_runs``: tracking URI, parent and nested runs (their names, kinds and sources), params,
+  metrics, artifacts, an evaluation's metrics and files (``log_eval``, ``log_eval_files``);
 - ``registry``: log + register a policy, the champion gate, manual promotion, listing,
   resolving ``models:/name@alias`` to a local policy folder;
 - ``pyfunc``: the pyfunc every version is logged as (it answers with ``inference.ask``);
@@ -19,6 +19,7 @@ The task modules never import this package; it imports mlflow (a few seconds).
 """
 
 from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet environment
+    KIND_TAG,
     PARENT_ENV,
     TrackingError,
     active_run_id,
@@ -28,15 +29,19 @@ from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet en
     flat_params,
     log_artifacts,
     log_eval,
+    log_eval_files,
     log_metrics,
     log_params,
     log_pipeline_metrics,
     log_run_artifacts,
+    log_run_metrics,
     log_step_metrics,
     mlflow_key,
     pipeline_run,
+    run_source,
     set_run_tags,
     settings_params,
+    source_name,
     stage_run,
     tracking_uri,
 )
@@ -53,6 +58,7 @@ from progress_sql.tracking.registry import (
 )
 
 __all__ = [
+    "KIND_TAG",
     "PARENT_ENV",
     "PromotionDecision",
     "TrackingError",
@@ -66,19 +72,23 @@ __all__ = [
     "local_model_dir",
     "log_artifacts",
     "log_eval",
+    "log_eval_files",
     "log_metrics",
     "log_params",
     "log_pipeline_metrics",
     "log_run_artifacts",
+    "log_run_metrics",
     "log_step_metrics",
     "mlflow_key",
     "pipeline_run",
     "promote",
     "promote_if_better",
     "register_model",
+    "run_source",
     "set_run_tags",
     "settings_params",
     "show",
+    "source_name",
     "stage_run",
     "tracking_uri",
     "write_registry_report",

@@ -30,8 +30,10 @@ import json
 import math
 import os
 import re
+import shlex
 import socket
 import sqlite3
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -60,6 +62,11 @@ KEY_TAG = "progress_sql.pipeline_key"
 DATA_VERSION = "data_version"  # param on every run that saw a corpus, and on its pipeline run
 HOST_TAG = "progress_sql.host"
 PROCESS_TAG = "progress_sql.process"  # "<pid>:<start time>": a pid alone may be reused
+COMMAND_TAG = "progress_sql.command"  # the whole command line that ran (mlflow.source.name shortens it)
+SOURCE_ENV = "PROGRESS_SQL_RUN_SOURCE"  # what ran, when it is not this process's command line (a Prefect flow)
+# The experiment's primary metric: MLflow's chart view of the runs opens on it (its bar chart, the
+# parallel coordinates); set to eval.gate_metric unless someone chose another.
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 
 _configured: dict[str, str] = {}  # tracking URI → experiment id, per process
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")  # characters MLflow refuses in metric names
@@ -146,6 +153,8 @@ def configure(settings: Settings) -> str:
             _relocate_artifacts(uri, experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else client.create_experiment(name, artifact_location=_local_artifact_root(uri)))
+        if experiment is None or PRIMARY_METRIC_TAG not in experiment.tags:
+            client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, settings.eval.gate_metric)
         _mark_dead_runs_killed(client, experiment_id)
     except mlflow.exceptions.MlflowException as err:
         raise TrackingError(f"MLflow tracking store {uri} is not usable: {err}") from err
@@ -176,7 +185,43 @@ def _alive_without_proc(pid: int) -> str | None:
 
 
 def _process_tags() -> dict[str, str]:
-    return {HOST_TAG: socket.gethostname(), PROCESS_TAG: f"{os.getpid()}:{_process_start(os.getpid()) or ''}"}
+    return {HOST_TAG: socket.gethostname(), PROCESS_TAG: f"{os.getpid()}:{_process_start(os.getpid()) or ''}",
+            **_source_tags()}
+
+
+def _source_tags() -> dict[str, str]:
+    """What ran, on every run this module opens (MLflow would name the script that started the
+    interpreter: ``engine.py`` under Prefect, ``progress-sql`` for any command). The first run of a
+    process records its command line in ``PROGRESS_SQL_RUN_SOURCE``, so worker processes that it
+    spawns (whose own command line is Python's) name the same command."""
+    command = os.environ.setdefault(SOURCE_ENV, shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    return {"mlflow.source.name": source_name(command), COMMAND_TAG: command}
+
+
+def source_name(command: str) -> str:
+    """``command`` as MLflow's UI can show it: the UI shows a local source's text after its last
+    '/', so each path in it is shortened to its last part (``--params /x/params.yaml`` →
+    ``--params params.yaml``); the whole command stays in the ``progress_sql.command`` tag."""
+    def short(arg: str) -> str:
+        key, eq, value = arg.rpartition("=") if "=" in arg and "/" not in arg.split("=", 1)[0] else ("", "", arg)
+        return key + eq + (value.rstrip("/").rsplit("/", 1)[-1] if "/" in value else value)
+
+    return " ".join(short(arg) for arg in command.split(" "))
+
+
+@contextmanager
+def run_source(command: str) -> Iterator[None]:
+    """Runs opened inside (in this process and the ones it starts) name ``command`` as their
+    source, e.g. a Prefect flow run instead of the interpreter that runs it."""
+    previous = os.environ.get(SOURCE_ENV)
+    os.environ[SOURCE_ENV] = command
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SOURCE_ENV, None)
+        else:
+            os.environ[SOURCE_ENV] = previous
 
 
 def _mark_dead_runs_killed(client: MlflowClient, experiment_id: str) -> None:
@@ -261,16 +306,18 @@ def _standalone_parent(settings: Settings, experiment_id: str, corpus_dir: str |
                                order_by=["attributes.start_time DESC"], max_results=1)
     if found:
         return found[0].info.run_id
-    run = client.create_run(experiment_id, run_name=run_name, tags={KIND_TAG: "pipeline", KEY_TAG: key})
+    run = client.create_run(experiment_id, run_name=run_name,
+                            tags={KIND_TAG: "pipeline", KEY_TAG: key, **_source_tags()})
     _log_params_with(client, run.info.run_id, settings, corpus_dir or settings.data.out_dir)
     client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run.info.run_id
 
 
-def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corpus_dir: str | None) -> None:
-    """The flattened settings and, when ``corpus_dir`` is given (or, for a standalone parent,
-    found in ``data.out_dir``), its data version."""
-    params = settings_params(settings)
+def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corpus_dir: str | None,
+                     params: Mapping[str, Any] | None = None) -> None:
+    """``params`` (default: the flattened settings) and, when ``corpus_dir`` is given (or, for a
+    standalone parent, found in ``data.out_dir``), its data version."""
+    params = settings_params(settings) if params is None else flat_params(params)
     version = data_version(corpus_dir) if corpus_dir else None
     if version:
         params[DATA_VERSION] = version
@@ -281,8 +328,9 @@ def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corp
 
 @contextmanager
 def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = None,
-                 tags: Mapping[str, str] | None = None) -> Iterator[Run | None]:
-    """The parent run of one pipeline run: logs the flattened settings; stages started inside
+                 tags: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None) -> Iterator[Run | None]:
+    """The parent run of one pipeline run: logs ``params`` (default: the flattened settings;
+    ``tags`` may name another kind of parent, as a comparison does); stages started inside
     nest under it, in this thread through MLflow's active run, elsewhere through
     ``PROGRESS_SQL_PARENT_RUN_ID``. Its data version is the corpus its stages see: the first
     stage run that sees a built corpus logs it on the pipeline run (a corpus found at the start
@@ -295,7 +343,7 @@ def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = 
     all_tags = {KIND_TAG: "pipeline", **_process_tags(), **(tags or {})}
     previous = os.environ.get(PARENT_ENV)
     with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
-        _log_params_with(MlflowClient(), run.info.run_id, settings, corpus_dir)
+        _log_params_with(MlflowClient(), run.info.run_id, settings, corpus_dir, params)
         os.environ[PARENT_ENV] = run.info.run_id
         try:
             yield run
@@ -308,11 +356,13 @@ def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = 
 
 @contextmanager
 def child_pipeline_run(settings: Settings, run_name: str, parent_run_id: str | None, *,
-                       tags: Mapping[str, str] | None = None) -> Iterator[Run | None]:
+                       tags: Mapping[str, str] | None = None,
+                       params: Mapping[str, Any] | None = None) -> Iterator[Run | None]:
     """A pipeline run nested under ``parent_run_id`` (a comparison's parent run: one child per
     arm × seed, so MLflow's Compare view lines them up), from any thread or process: the
-    parent is named, not found through the active run. Stages started inside nest under it
-    (this thread's active run). Yields None when tracking is off or there is no parent."""
+    parent is named, not found through the active run. Logs ``params`` (default: the flattened
+    settings) and the data version. Stages started inside nest under it (this thread's active
+    run). Yields None when tracking is off or there is no parent."""
     if not settings.tracking.enabled or not parent_run_id:
         yield None
         return
@@ -320,7 +370,7 @@ def child_pipeline_run(settings: Settings, run_name: str, parent_run_id: str | N
     all_tags = {KIND_TAG: "pipeline", **_process_tags(), **(tags or {})}
     nested = mlflow.active_run() is not None
     with mlflow.start_run(run_name=run_name, parent_run_id=parent_run_id, nested=nested, tags=all_tags) as run:
-        _log_params_with(MlflowClient(), run.info.run_id, settings, settings.data.out_dir)
+        _log_params_with(MlflowClient(), run.info.run_id, settings, settings.data.out_dir, params)
         yield run
 
 
@@ -329,6 +379,14 @@ def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
     client = MlflowClient()
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
+
+
+def log_run_metrics(run_id: str, metrics: Mapping[str, Any]) -> None:
+    """Summary metrics on a run by id (not the active one); as ``log_metrics``, only numbers."""
+    values = _metric_values(metrics)
+    if values:
+        now = int(time.time() * 1000)
+        MlflowClient().log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, now, 0) for k, v in values.items()])
 
 
 def log_run_artifacts(run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
@@ -344,10 +402,12 @@ def log_run_artifacts(run_id: str, path: str | os.PathLike, artifact_path: str |
 
 
 @contextmanager
-def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | None = None) -> Iterator[Run | None]:
-    """A nested run for one stage (see the module docstring for where it nests). Logs the
-    stage's data version when the corpus is built. Yields None when tracking is off; a stage
-    that raises leaves its run marked FAILED."""
+def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | None = None,
+              run_name: str | None = None) -> Iterator[Run | None]:
+    """A nested run for one stage (see the module docstring for where it nests), named
+    ``run_name`` (default: the stage's name, which its ``progress_sql.stage`` tag always holds).
+    Logs the stage's data version when the corpus is built. Yields None when tracking is off; a
+    stage that raises leaves its run marked FAILED."""
     if settings is not None and not settings.tracking.enabled:
         yield None
         return
@@ -364,7 +424,7 @@ def stage_run(name: str, settings: Settings | None = None, *, corpus_dir: str | 
     else:
         parent = os.environ.get(PARENT_ENV) or _standalone_parent(settings, experiment_id, corpus_dir)
         kwargs = {"parent_run_id": parent}
-    with mlflow.start_run(run_name=name, tags=tags, **kwargs) as run:
+    with mlflow.start_run(run_name=run_name or name, tags=tags, **kwargs) as run:
         version = data_version(corpus_dir or (settings.data.out_dir if settings else ""))
         if version:
             mlflow.log_param(DATA_VERSION, version)
@@ -422,14 +482,21 @@ def log_metrics(metrics: Mapping[str, Any], *, to_parent: bool = True) -> None:
 
 def log_pipeline_metrics(metrics: Mapping[str, Any]) -> None:
     """Summary metrics on the pipeline (parent) run of the active stage run only (for metrics
-    the stage's code has logged on the stage run itself already)."""
+    the stage's code has logged on the stage run itself already). A parent of another kind (a
+    comparison, an arm of one) logs its own metrics, in its own order."""
     run = mlflow.active_run()
-    if run is None or _parent_id(run) == run.info.run_id:
+    if run is None or _parent_id(run) == run.info.run_id or not _is_pipeline_run(_parent_id(run)):
         return
-    values = _metric_values(metrics)
-    if values:
-        now = int(time.time() * 1000)
-        MlflowClient().log_batch(_parent_id(run), metrics=[mlflow.entities.Metric(k, v, now, 0) for k, v in values.items()])
+    log_run_metrics(_parent_id(run), metrics)
+
+
+_kinds: dict[str, str] = {}  # run id → its KIND_TAG (a run's kind never changes)
+
+
+def _is_pipeline_run(run_id: str) -> bool:
+    if run_id not in _kinds:
+        _kinds[run_id] = MlflowClient().get_run(run_id).data.tags.get(KIND_TAG, "")
+    return _kinds[run_id] == "pipeline"
 
 
 def log_params(params: Mapping[str, Any]) -> None:
@@ -457,7 +524,14 @@ def log_eval(result: EvalResult, artifact_path: str = "eval") -> bool:
     if mlflow.active_run() is None:
         return False
     log_metrics(result.flat)
+    log_eval_files(result, artifact_path)
+    return True
+
+
+def log_eval_files(result: EvalResult, artifact_path: str | None = None) -> None:
+    """An evaluation's files but its predictions (metrics.json, report.md, plots) as artifacts of
+    the active run, side by side under ``artifact_path`` (None: at the top, where MLflow's
+    Compare view shows two runs' files next to each other)."""
     for name, path in result.files.items():
         if not name.startswith("predictions/"):
             log_artifacts(path, artifact_path)
-    return True
