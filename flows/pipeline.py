@@ -36,7 +36,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
 from progress_sql import comparisons, stages
-from progress_sql.comparisons.spec import comparison_names, comparisons_dir
+from progress_sql.comparisons.spec import comparisons_dir
 from progress_sql.config import NO_PRESET, Settings, load_settings, preset_names, presets_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,14 @@ NO_OVERRIDES: dict[str, Any] = {}
 # draws a drop-down of them); "none" is params.yaml as it is.
 PRESETS: tuple[str, ...] = (NO_PRESET, *preset_names(presets_dir(REPO / "params.yaml")))
 Preset = Literal[PRESETS]  # type: ignore[valid-type]
-# The comparisons shipped (configs/comparisons/); the form takes a name or a YAML file's path.
-COMPARISONS: tuple[str, ...] = comparison_names(comparisons_dir(REPO / "params.yaml"))
+# The compare-methods form: its scale is a drop-down of the presets that name no method (none,
+# cpu-demo, cpu-long; the method presets are the arms'), its arms a multi-select of the arms of
+# the shipped comparisons (configs/comparisons/; empty: all the comparison's arms).
+SCALES: tuple[str, ...] = comparisons.scale_names(presets_dir(REPO / "params.yaml"))
+Scale = Literal[SCALES]  # type: ignore[valid-type]
+ARMS: tuple[str, ...] = comparisons.arm_names(comparisons_dir(REPO / "params.yaml"))
+ArmName = Literal[ARMS]  # type: ignore[valid-type]
+ALL_ARMS: list[str] = []
 NO_BUDGET: dict[str, Any] = {}
 # The settings paths a pipeline run writes; with a work_dir each relative one is placed under
 # it. An init_from that names one of them (the pipeline's own model) follows it there.
@@ -135,6 +141,12 @@ def run_tags(preset: str = NO_PRESET) -> dict[str, str]:
 
 def _run_name(prefix: str) -> str:
     return f"{prefix}-{flow_run.name}" if flow_run.name else prefix
+
+
+def run_source() -> str:
+    """What the MLflow runs of this flow run name as their source (MLflow would name Prefect's
+    engine.py, the script that runs every flow)."""
+    return f"prefect flow {flow_run.flow_name}, run {flow_run.name}" if flow_run.name else "prefect flow"
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -266,7 +278,7 @@ def training_pipeline(
     settings = resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir)
     _log_settings(settings, params, preset, work_dir)
     report_root = _reports_dir(reports, work_dir)
-    with tracking.pipeline_run(settings, _run_name("pipeline"), tags=run_tags(preset)):
+    with tracking.run_source(run_source()), tracking.pipeline_run(settings, _run_name("pipeline"), tags=run_tags(preset)):
         corpus = build_data(settings)
         validate_data(settings, corpus, str(report_root / "data"))
         if init_tiny_model:
@@ -311,7 +323,7 @@ def evaluate_model(
     if model and root is not None and not Path(model).is_absolute() and (root / model).exists():
         model = str(root / model)
     model = model or f"models:/{settings.tracking.model_name}@{settings.tracking.champion_alias}"
-    with tracking.pipeline_run(settings, _run_name("evaluate"), tags=run_tags(preset)):
+    with tracking.run_source(run_source()), tracking.pipeline_run(settings, _run_name("evaluate"), tags=run_tags(preset)):
         return evaluate(settings, model, settings.data.out_dir, splits)
 
 
@@ -345,7 +357,7 @@ def build_shared(plan: comparisons.Plan, key: str) -> str:
     return comparisons.build_shared(plan, key, get_run_logger().info)
 
 
-@task(name="arm-seed", task_run_name="{job.arm}-seed{job.seed}", cache_policy=NO_CACHE)
+@task(name="arm-seed", task_run_name="{job.arm} seed {job.seed}", cache_policy=NO_CACHE)
 def run_arm(plan: comparisons.Plan, job: comparisons.Job, parent_run_id: str | None) -> dict[str, Any]:
     """``progress-sql compare-run``'s job: RL then evaluation of one arm × seed; a failure fails
     this task run (the others go on, the report names it)."""
@@ -361,7 +373,8 @@ def run_arm(plan: comparisons.Plan, job: comparisons.Job, parent_run_id: str | N
 @flow(name="compare-methods")
 def compare_methods(
     comparison: str = "methods",
-    preset: Preset = "cpu-demo",
+    preset: Scale = "cpu-demo",
+    arms: list[ArmName] = ALL_ARMS,
     seeds: int = 0,
     budget: dict[str, Any] = NO_BUDGET,
     work_dir: str = "",
@@ -371,12 +384,14 @@ def compare_methods(
 ) -> dict[str, Any]:
     """A budget-matched comparison (``progress-sql compare-run``): every arm × seed trained and
     evaluated on one budget, the shared corpus and SFT built once, one report (reports/compare/NAME/,
-    also on the MLflow parent run). A rerun runs only the missing arms. Returns the table.
+    the ``comparison`` artifact, and the MLflow parent run ``compare-NAME``). A rerun runs only the
+    missing arms. Returns the table.
 
     Args:
         comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants) or the path of a YAML file.
-        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); none: the papers' protocols as they are (7B model, GPUs).
-        seeds: Seeds 1..N; 0: the comparison's.
+        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
+        arms: The arms to run, by name, the first the one the others are tested against (at least two of the comparison's); empty: all of them.
+        seeds: How many seeds: 1..N; 0: the comparison's.
         budget: Budget keys to override, as JSON, e.g. {"steps": 5} (trajectories_per_step, group_size, steps, max_minutes, seeds, splits, eval_max_examples).
         work_dir: Folder of the comparison's outputs and report, relative to the repository root or absolute; empty: the repository's own folders.
         overrides: Dotted settings keys for every arm, as JSON, under the budget, e.g. {"rl.lr": 0.0002}.
@@ -390,17 +405,14 @@ def compare_methods(
     start = time.monotonic()
     overrides = dict(overrides or {})
     moved = work_dir_overrides(load_settings(params, overrides, preset=preset), work_dir, mlruns_in_work_dir)
-    plan = comparisons.make_plan(comparison, params, preset, overrides={**overrides, **moved},
+    plan = comparisons.make_plan(comparison, params, preset, overrides={**overrides, **moved}, arms=list(arms),
                                  budget_overrides={**budget, **({"seeds": seeds} if seeds else {})})
     logger = get_run_logger()
-    todo = [job for job in plan.jobs if not comparisons.is_done(job)]
+    todo, shared = comparisons.pending(plan)
     logger.info("comparison %s at scale %s: %d arm × seed runs, %d done before; %s", plan.name, plan.scale,
                 len(plan.jobs), len(plan.jobs) - len(todo), " ".join(plan.notes[:2]))
-    tags = {**run_tags(preset), **comparisons.parent_tags(plan)}
-    with tracking.pipeline_run(plan.base, _run_name(f"compare-{plan.name}"), tags=tags) as run:
-        parent = run.info.run_id if run is not None else None
-        todo_plan = comparisons.Plan(**{**plan.__dict__, "jobs": todo})
-        for key in comparisons.shared_keys(todo_plan) if todo else ():
+    with tracking.run_source(run_source()), comparisons.comparison_run(plan, run_tags(preset)) as parent:
+        for key in shared:
             build_shared(plan, key)
         step = plan.base.compare.max_parallel  # as many arm × seed task runs at once
         for first in range(0, len(todo), step):

@@ -1,9 +1,14 @@
 """Budget-matched comparisons (progress_sql.comparisons): one two-arm, one-seed comparison at the
 smallest scale, run for real through ``progress-sql compare-run`` (a subprocess) and through the
-``compare-methods`` flow against a real Prefect server on a free port, must give the same table
-and the same metrics; a third arm that fails mid-way is reported by name beside the finished
-ones, and a rerun runs only it. Bad comparison files stop before anything is written. About 3-4
-minutes on two busy cores (a corpus, a tiny policy, one SFT, three RL runs and evaluations)."""
+``compare-methods`` flow against a real Prefect server on a free port, each into a real MLflow
+store (SQLite), must give the same table and the same metrics; a third arm that fails mid-way is
+reported by name beside the finished ones, and a rerun runs only it. What a user compares is
+checked where the user sees it: the report and the Prefect ``comparison`` artifact embed their
+figures; each arm × seed MLflow run, named apart, holds the EX of every split and mode first, its
+key settings as params and its report files; the runs name the command or flow run that made
+them. Bad comparison files and a method preset given as the scale stop before anything is
+written. About 3-4 minutes on two busy cores (a corpus, a tiny policy, one SFT, four RL runs and
+evaluations)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -25,7 +31,7 @@ from conftest import REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO))  # flows/ sits beside src/
 
-from local_stack import prefect_server  # noqa: E402
+from local_stack import api_post, prefect_server  # noqa: E402
 
 from progress_sql.comparisons import ComparisonError, make_plan  # noqa: E402
 
@@ -60,10 +66,44 @@ def _sets(places: dict[str, str]) -> list[str]:
     return [arg for key, value in places.items() for arg in ("--set", f"{key}={value}")]
 
 
-@pytest.mark.slow
-def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path):
+def _comparison_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, dict[str, object], object]:
+    """(the parent run, its children by name, the MLflow client) of the first comparison run in the
+    store (or the one of a Prefect flow run), after checking what the Compare view of its arms
+    shows. The first run of the test builds the shared stages, under its parent."""
     from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("progress-sql")
+    # the experiment's charts open on the gate metric
+    assert experiment.tags["mlflow.experiment.primaryMetric.name"] == "dev/greedy/ex"
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    parent = next(r for r in runs if r.info.run_name == "compare-two"
+                  and r.data.tags.get("prefect.flow_run_id", "") == (flow_run_id or ""))
+    assert parent.data.tags["progress_sql.kind"] == "comparison"
+    assert parent.data.params["budget.trajectories_per_step"] == "4" and parent.data.params["budget.splits"] == '["dev"]'
+    assert not [k for k in parent.data.metrics if k.startswith("sft/")]  # the shared SFT's summary stays on its run
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    by_name = {r.info.run_name: r for r in children}
+    assert len(by_name) == len(children)  # the names tell them apart
+    assert all(r.data.tags["mlflow.source.name"] == parent.data.tags["mlflow.source.name"] for r in children)
+    if flow_run_id is None:  # the shared SFT, named by the format it teaches
+        assert by_name["sft think_sql"].data.tags["progress_sql.stage"] == "sft"
+    for arm, recipe in (("single-turn", "progress"), ("oneshot", "oneshot")):
+        run = by_name[f"{arm} seed 1"]
+        metrics = list(run.data.metrics)
+        assert metrics[0] == "dev/greedy/ex", metrics[:5]  # first logged: what the Compare view plots
+        assert {"dev/greedy/ex", "dev/greedy/exec_rate", "rl/reward_mean", "compare/rl_seconds"} <= set(metrics)
+        assert parent.data.metrics[f"{arm}/dev/greedy/ex"] == run.data.metrics["dev/greedy/ex"]  # the table
+        assert {k: run.data.params[k] for k in ("arm", "rl.recipe", "rl.env", "rl.group_size", "seed")} == {
+            "arm": arm, "rl.recipe": recipe, "rl.env": "single_turn", "rl.group_size": "2", "seed": "1"}
+        assert not [k for k in run.data.params if k.endswith("out_dir")]  # paths differ by arm: not params
+        files = {f.path for f in client.list_artifacts(run.info.run_id)}  # at the top: Compare shows them side by side
+        assert {"report.md", "metrics.json", "rl.json", "rl_curve.csv", "settings.json"} <= files, files
+    return parent, by_name, client
+
+
+@pytest.mark.slow
+def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path):
     not_a_model = tmp_path / "not-a-model"  # exists (so the plan accepts it), holds no weights
     not_a_model.mkdir()
     # Two single-turn arms (Progress-SQL's reward without its multi-turn rollouts, and the one-shot
@@ -83,18 +123,21 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     md = (report / "report.md").read_text()
     assert "| oneshot | dev | greedy | 1 | 2 |" in md  # the paired test of oneshot against the first arm
     assert "Failed or missing runs" in md and "broken/seed-1" in md
-    assert "src='data:image/png;base64," in (report / "report.html").read_text()  # figures inlined
+    # figures inlined in both, so any viewer of either file shows them
+    assert "![RL reward and rollout EX per step](data:image/png;base64," in md and "](curves.png)" not in md
+    assert "src='data:image/png;base64," in (report / "report.html").read_text()
     # The two arms share one corpus, one tiny policy and one SFT checkpoint (same output format).
     shared = tmp_path / "shared"
     markers = {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")}
     assert sorted(name.split("-")[0] for name in markers) == ["corpus", "sft", "tiny"], markers
-    # MLflow: one parent run, a child per arm × seed, the report among the parent's artifacts.
-    client = MlflowClient(cli_places["tracking.tracking_uri"])
-    runs = client.search_runs([client.get_experiment_by_name("progress-sql").experiment_id])
-    parent = next(r for r in runs if r.info.run_name == "compare-two")
-    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    assert {"single-turn-seed1", "oneshot-seed1", "broken-seed1"} <= set(children)
-    assert children["oneshot-seed1"].data.metrics["dev/greedy/ex"] == cli_table["arms"]["oneshot"]["ex"]["dev/greedy"][0]
+    # MLflow: one parent run named as the README says, a child per arm × seed, the report among
+    # the parent's artifacts; every run names the command that made it.
+    parent, children, client = _comparison_runs(cli_places["tracking.tracking_uri"])
+    assert parent.data.tags["mlflow.source.name"].startswith("progress-sql --preset cpu-demo compare-run two --params "
+                                                             "params.yaml --set")
+    assert parent.data.tags["progress_sql.command"].split()[-1] == f"tracking.tracking_uri={cli_places['tracking.tracking_uri']}"
+    assert children["broken seed 1"].info.status == "FAILED"
+    assert children["oneshot seed 1"].data.metrics["dev/greedy/ex"] == cli_table["arms"]["oneshot"]["ex"]["dev/greedy"][0]
     assert {"comparison/report.md", "comparison/report.html"} <= {
         f.path for f in client.list_artifacts(parent.info.run_id, "comparison")}
 
@@ -113,10 +156,22 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     with prefect_server(tmp_path / "prefect") as stack, temporary_settings({PREFECT_API_URL: stack.api}):
         state = compare_methods(comparison="two", preset="cpu-demo", params=str(params), overrides=flow_places,
                                 return_state=True)
+        # The form's fields pick arms and seeds: two finished arms, in another order, reused.
+        picked = compare_methods(comparison="two", preset="cpu-demo", arms=["oneshot", "single-turn"], seeds=1,
+                                 params=str(params), overrides=flow_places, return_state=True)
         APILogWorker.drain_all(timeout=30)  # the run's logs reach the server before it stops
+        artifacts = api_post(stack.api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["comparison"]}}})
+        flow_run = httpx.get(f"{stack.api}/flow_runs/{state.state_details.flow_run_id}", timeout=30).json()
     assert state.is_failed() and "broken/seed-1" in state.message, state.message
+    assert picked.is_completed(), picked.message
+    assert picked.result()["table"].splitlines()[2].startswith("| oneshot | 1 |")  # the first arm given, first
+    # The artifact the Prefect UI shows is the report, its figures inlined (a file name would 404 there).
+    assert len(artifacts) == 2 and all("](data:image/png;base64," in a["data"] for a in artifacts)
     flow_report = tmp_path / "flow" / "reports" / "two" / "cpu-demo"
-    assert json.loads((flow_report / "table.json").read_text()) == cli_table
+    assert json.loads((flow_report / "table.json").read_text())["arms"] == {
+        arm: cli_table["arms"][arm] for arm in ("oneshot", "single-turn")}
+    parent, _, _ = _comparison_runs(flow_places["tracking.tracking_uri"], str(state.state_details.flow_run_id))
+    assert parent.data.tags["mlflow.source.name"] == f"prefect flow compare-methods, run {flow_run['name']}"
     for arm in ("single-turn", "oneshot"):
         ran = [json.loads((tmp_path / where / "out" / "two" / "cpu-demo" / arm / "seed-1" / "result.json").read_text())
                for where in ("cli", "flow")]
@@ -153,10 +208,39 @@ def test_bad_comparisons_stop_before_anything_runs(tmp_path):
         assert message in result.output, (name, result.output)
     result = CliRunner().invoke(app, ["compare-run", "no-such-comparison", "--params", str(params)])
     assert result.exit_code == 2 and "unknown comparison 'no-such-comparison'; available:" in result.output
+    # A method preset is no scale (the arms name the methods); arms are picked by name, two at least.
+    for scale, arms, message in (
+            ("oneshot", [], "preset 'oneshot' is a method (it sets rl.recipe), not a scale: the arms name the methods; "
+                            "scales: none, cpu-demo, cpu-long"),
+            ("cpu-demo", ["oneshot", "sky"], "no arm named 'sky' in this comparison; its arms: progress-sql, oneshot,"),
+            ("cpu-demo", ["oneshot"], "pick at least two arms")):
+        picked = [arg for arm in arms for arg in ("--arm", arm)]
+        result = CliRunner().invoke(app, ["--preset", scale, "compare-run", "methods", *picked, *_sets(places)])
+        assert result.exit_code == 2 and message in result.output, (scale, arms, result.output)
     # Without a scale the method presets apply whole: their 7B model is missing, named at once.
     with pytest.raises(ComparisonError, match="rl.init_from: models/Qwen2.5-Coder-7B-Instruct does not exist"):
         make_plan("methods", REPO / "params.yaml", "none")
     assert not (tmp_path / "run").exists() and not (tmp_path / "shared").exists()  # nothing written
+
+
+def test_picked_arms_run_in_the_order_given_and_their_runs_name_what_tells_them_apart():
+    from progress_sql.comparisons.run import ex_first
+    from progress_sql.comparisons.spec import arm_params
+
+    plan = make_plan("ablations", REPO / "params.yaml", "cpu-demo", arms=["no-decay", "progress-sql"],
+                     budget_overrides={"seeds": 1})
+    assert plan.arms == ["no-decay", "progress-sql"] and [j.label for j in plan.jobs] == ["no-decay/seed-1",
+                                                                                          "progress-sql/seed-1"]
+    params = {j.arm: arm_params(plan, j) for j in plan.jobs}
+    # the key settings, and the one method key the two arms differ in (no-decay's γ = 1)
+    assert params["no-decay"] == {"arm": "no-decay", "rl.recipe": "progress", "rl.env": "odt_feedback",
+                                  "rl.algorithm": "grpo", "rl.group_size": 8, "rl.questions_per_step": 2,
+                                  "rl.steps": 2, "seed": 1, "rewards.progress.gamma": 1.0}
+    assert params["progress-sql"]["rewards.progress.gamma"] == 0.5
+    # what MLflow's Compare view plots first: EX of every split and mode, in the budget's split order
+    flat = {"dev/n": 6, "dev/greedy/by_hardness/easy/ex": 0.5, "dev/greedy/ex": 0.1, "indomain/greedy/ex": 0.2,
+            "dev/vote/ex": 0.3, "indomain/greedy/exec_rate": 1.0}
+    assert list(ex_first(flat, ["indomain", "dev"]))[:3] == ["indomain/greedy/ex", "dev/greedy/ex", "dev/vote/ex"]
 
 
 def test_the_scale_wins_for_paths_and_sizes_and_the_method_keeps_its_protocol():

@@ -278,3 +278,13 @@ def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
     schema = parameter_schema(training_pipeline).model_dump()["properties"]  # what the form draws
     assert schema["preset"]["enum"] == list(PRESETS) and {"none", "cpu-demo", "cpu-long"} <= set(PRESETS)
     assert list(schema)[:3] == ["preset", "work_dir", "overrides"]
+    # compare-methods: its scale a drop-down of the scales only (a method is an arm), arms a
+    # multi-select of the shipped comparisons' arm names, seeds a count
+    from flows.pipeline import compare_methods
+
+    form = parameter_schema(compare_methods).model_dump()["properties"]
+    assert list(form)[:4] == ["comparison", "preset", "arms", "seeds"]
+    assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long"]
+    assert form["arms"]["type"] == "array" and form["arms"]["default"] == []
+    assert {"progress-sql", "oneshot", "skyrl-sql", "no-decay"} <= set(form["arms"]["items"]["enum"])
+    assert form["seeds"]["type"] == "integer"

@@ -66,6 +66,11 @@ def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_
         assert "Dotted settings keys" in form["overrides"]["description"]
         assert deployment["parameters"] == {"preset": "cpu-demo", "work_dir": "runs/demo"}
         assert deployment["entrypoint"] == "flows/pipeline.py:training_pipeline"
+        # compare-methods' form: the scale among the scales only, the arms and seeds as fields
+        compare = httpx.get(f"{api}/deployments/{ids['compare-methods']}", timeout=30).json()
+        fields = compare["parameter_openapi_schema"]["properties"]
+        assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long"]
+        assert "oneshot" in fields["arms"]["items"]["enum"] and fields["seeds"]["type"] == "integer"
 
         # A bad override fails the run at once, with the message the CLI prints.
         bad = create_flow_run(api, ids["training-pipeline"], {"params": PARAMS, "preset": "cpu-demo",

@@ -115,6 +115,42 @@ def test_pipeline_run_nests_stage_runs_with_params_metrics_and_artifacts(store, 
     assert [a.path for a in MlflowClient().list_artifacts(runs["evaluate"].info.run_id, "eval")] == ["eval/report.md"]
 
 
+def test_runs_name_what_ran_and_a_parent_of_another_kind_keeps_its_own_metrics(store, monkeypatch):
+    """Every run names its source: the command line (paths shortened for MLflow's UI, which shows
+    a local source's text after its last '/'; the whole line in progress_sql.command), or what a
+    caller names instead (a Prefect flow run: MLflow would say engine.py). A stage's run may have
+    a name of its own, its stage tag unchanged. Only a pipeline run collects its stages' summaries:
+    a comparison's runs log their own, in their own order."""
+    settings = make_settings("sources")
+    monkeypatch.setenv(tracking.mlflow_runs.SOURCE_ENV, "")  # recorded, so that the test leaves it as it was
+    monkeypatch.delenv(tracking.mlflow_runs.SOURCE_ENV)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/progress-sql", "--preset", "cpu-demo", "train", "sft",
+                                     "--params", "/work/x/params.yaml", "--set", "data.out_dir=/tmp/c/corpus"])
+    with tracking.pipeline_run(settings, "by-hand"):
+        with tracking.stage_run("sft", settings, run_name="sft think_sql"):
+            tracking.log_metrics({"sft/final_loss": 1.5})
+    with tracking.run_source("prefect flow compare-methods, run brave-fox"):
+        with tracking.pipeline_run(settings, "compare-x", tags={tracking.KIND_TAG: "comparison"},
+                                   params={"budget.steps": 2, "budget.splits": ["dev"]}):
+            with tracking.stage_run("sft", settings):
+                tracking.log_metrics({"sft/final_loss": 1.5})
+    runs = {r.info.run_name: r for r in runs_of("sources")}
+    command = "progress-sql --preset cpu-demo train sft --params /work/x/params.yaml --set data.out_dir=/tmp/c/corpus"
+    for name in ("by-hand", "sft think_sql"):
+        assert runs[name].data.tags["mlflow.source.name"] == ("progress-sql --preset cpu-demo train sft --params "
+                                                              "params.yaml --set data.out_dir=corpus")
+        assert runs[name].data.tags["progress_sql.command"] == command
+    assert runs["sft think_sql"].data.tags["progress_sql.stage"] == "sft"
+    assert runs["by-hand"].data.metrics == {"sft/final_loss": 1.5}
+    for name in ("compare-x", "sft"):
+        assert runs[name].data.tags["mlflow.source.name"] == "prefect flow compare-methods, run brave-fox"
+    assert runs["compare-x"].data.metrics == {}  # a comparison's parent: the SFT's summary stays on its run
+    assert runs["compare-x"].data.params == {"budget.steps": "2", "budget.splits": '["dev"]'}
+    assert os.environ[tracking.mlflow_runs.SOURCE_ENV] == command  # the command, for the processes it starts
+    experiment = MlflowClient().get_experiment_by_name("sources")
+    assert experiment.tags["mlflow.experiment.primaryMetric.name"] == "dev/greedy/ex"  # eval.gate_metric
+
+
 def test_standalone_stages_share_a_parent_per_configuration_and_per_dvc_experiment(store, monkeypatch):
     base = make_settings("standalone")
     with tracking.stage_run("build_data", base):

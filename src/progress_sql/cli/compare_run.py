@@ -15,6 +15,8 @@ def compare_run(
     preset: str = typer.Option(None, "--preset", metavar="SCALE",
                                help=PRESET_HELP + "; here the scale every arm runs at (default: the global --preset)"),
     params: str = typer.Option("params.yaml", "--params", help="Settings file"),
+    arms: list[str] = typer.Option([], "--arm", help="Run this arm of the comparison (repeatable, at least two; "
+                                   "the first is the one the others are tested against); default: every arm"),
     budget: list[str] = typer.Option([], "--budget", help="Override a budget key of the comparison, e.g. --budget steps=5"),
     seeds: int = typer.Option(None, "--seeds", min=1, help="Seeds 1..N (the budget's seeds)"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP + "; on every arm, under the budget"),
@@ -28,7 +30,7 @@ def compare_run(
         budget_overrides["seeds"] = seeds
     try:
         plan = make_plan(name, params, preset or current_preset() or "", budget_overrides=budget_overrides,
-                         overrides=parse_overrides(overrides))
+                         overrides=parse_overrides(overrides), arms=arms)
     except ComparisonError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

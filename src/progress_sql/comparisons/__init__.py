@@ -6,7 +6,8 @@ its two callers; the DVC stage ``compare`` runs the CLI.
 
 - ``spec``: the file, the layering of settings (params.yaml, scale, the method's keys, overrides,
   budget, seed, paths), every check that can be made before anything runs;
-- ``run``: the shared stages, one job, the whole comparison, resuming what is missing;
+- ``run``: the shared stages, one job, the whole comparison, resuming what is missing; its MLflow
+  runs (a ``compare-<name>`` parent, a ``<arm> seed <k>`` child per job);
 - ``report``: the table, paired tests, figures, ODT profile and cost (markdown, HTML, JSON).
 """
 
@@ -14,12 +15,14 @@ from progress_sql.comparisons.run import (
     Outcome,
     build_shared,
     collect,
+    comparison_run,
     finish,
     is_done,
-    parent_tags,
+    pending,
     run_comparison,
     run_job,
     run_job_isolated,
+    run_name,
     shared_keys,
 )
 from progress_sql.comparisons.spec import (
@@ -29,13 +32,15 @@ from progress_sql.comparisons.spec import (
     Job,
     JobResult,
     Plan,
+    arm_names,
     comparison_names,
     load_comparison,
     make_plan,
+    scale_names,
 )
 
 __all__ = [
-    "METHOD_KEYS", "Comparison", "ComparisonError", "Job", "JobResult", "Outcome", "Plan", "build_shared", "collect",
-    "comparison_names", "finish", "is_done", "load_comparison", "make_plan", "parent_tags", "run_comparison",
-    "run_job", "run_job_isolated", "shared_keys",
+    "METHOD_KEYS", "Comparison", "ComparisonError", "Job", "JobResult", "Outcome", "Plan", "arm_names",
+    "build_shared", "collect", "comparison_names", "comparison_run", "finish", "is_done", "load_comparison",
+    "make_plan", "pending", "run_comparison", "run_job", "run_job_isolated", "run_name", "scale_names", "shared_keys",
 ]

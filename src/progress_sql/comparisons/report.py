@@ -1,9 +1,10 @@
 """The report of a comparison, from the files its runs wrote: ``REPORT/<name>/<scale>/``
 
-- ``report.md`` and ``report.html`` (the figures inlined): the budget, the table in the papers'
-  shape (EX per split and mode per arm, mean ± standard deviation over seeds), each arm against
-  the first by the exact McNemar test of ``eval.compare`` (pooled over seeds, and per seed), the
-  ODT mismatch profile per arm, the cost of each arm, the failures;
+- ``report.md`` and ``report.html``, each standing alone (the figures inlined as data URIs, so
+  the Prefect artifact, a mail or a copy show them): the budget, the table in the papers' shape
+  (EX per split and mode per arm, mean ± standard deviation over seeds), each arm against the
+  first by the exact McNemar test of ``eval.compare`` (pooled over seeds, and per seed), the ODT
+  mismatch profile per arm, the cost of each arm, the failures;
 - ``table.json``: the table's numbers (what the three ways of running must agree on);
 - ``curves.png``: RL reward and rollout EX per step, every arm (mean over seeds);
 - ``ex.png``: greedy EX per arm, a panel per split, the seeds' spread as error bars.
@@ -33,6 +34,7 @@ class Report:
     folder: Path
     table: str  # the main table, markdown
     note: str  # a short markdown note for the MLflow parent run
+    data: dict[str, Any]  # table.json's numbers
 
 
 def _pct(values: Sequence[float]) -> str:
@@ -61,6 +63,13 @@ def table_data(plan: Plan, results: Sequence[JobResult]) -> dict[str, Any]:
         out["arms"][arm] = {"seeds": [r.seed for r in mine],
                             "ex": {f"{s}/{m}": [r.metrics.get(f"{s}/{m}/ex") for r in mine] for s, m in columns}}
     return out
+
+
+def table_means(data: dict[str, Any]) -> dict[str, float]:
+    """The table as flat metrics, ``<arm>/<split>/<mode>/ex``: the mean over the arm's seeds."""
+    return {f"{arm}/{column}/ex": statistics.fmean(values)
+            for arm, d in data["arms"].items() for column in data["columns"]
+            if (values := [v for v in d["ex"][column] if v is not None])}
 
 
 def _main_table(data: dict[str, Any]) -> Block:
@@ -231,12 +240,15 @@ def write_report(plan: Plan, results: Sequence[JobResult], wall_seconds: float) 
             ("p", "Run the same command again: the finished runs are kept and only these run."),
             ("table", ["run", "error", "folder"], [[r.label, r.error, r.run_dir] for r in failures])]))
     title = f"Comparison {plan.name}"
-    md = _markdown(title, plan.comparison.description, sections)
+    md = _markdown(title, plan.comparison.description, sections, folder)
     write_text(folder / "report.md", md)
     write_text(folder / "report.html", _html(title, plan.comparison.description, sections, folder))
     table = _render_table_md(*_main_table(data)[1:])
-    note = f"**{title}** at scale `{plan.scale}`\n\n{table}\n\nReport: {folder.resolve() / 'report.html'}"
-    return Report(folder, table, note)
+    # MLflow's markdown preview shows no inlined image (it keeps http(s) sources only); its HTML
+    # preview shows report.html whole.
+    note = (f"**{title}** at scale `{plan.scale}`\n\n{table}\n\nThe report with its figures: the artifact "
+            f"`comparison/report.html` (on disk: {folder.resolve() / 'report.html'}).")
+    return Report(folder, table, note, data)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -248,7 +260,7 @@ def _render_table_md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> st
     return markdown_table(header, [[_cell(c) for c in row] for row in rows]) if rows else "(none)"
 
 
-def _markdown(title: str, description: str, sections: Sequence[tuple[str, list[Block]]]) -> str:
+def _markdown(title: str, description: str, sections: Sequence[tuple[str, list[Block]]], folder: Path) -> str:
     out = [f"# {title}", "", description.strip(), ""] if description else [f"# {title}", ""]
     for heading, blocks in sections:
         out += [f"## {heading}", ""]
@@ -258,8 +270,12 @@ def _markdown(title: str, description: str, sections: Sequence[tuple[str, list[B
             elif block[0] == "table":
                 out += [_render_table_md(block[1], block[2]), ""]
             else:
-                out += [f"![{block[2]}]({block[1]})", ""]
+                out += [f"![{block[2]}]({_data_uri(folder / block[1])})", ""]
     return "\n".join(out)
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
 def _html(title: str, description: str, sections: Sequence[tuple[str, list[Block]]], folder: Path) -> str:
@@ -282,8 +298,7 @@ def _html(title: str, description: str, sections: Sequence[tuple[str, list[Block
                 head = "".join(f"<th>{esc(h)}</th>" for h in block[1])
                 body = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in block[2])
                 out.append(f"<table><tr>{head}</tr>{body}</table>")
-            else:  # inlined, so the page stands alone (an MLflow artifact, a mail attachment)
-                data = base64.b64encode((folder / block[1]).read_bytes()).decode()
-                out.append(f"<img alt='{esc(block[2])}' src='data:image/png;base64,{data}'>")
+            else:
+                out.append(f"<img alt='{esc(block[2])}' src='{_data_uri(folder / block[1])}'>")
     out.append("</body></html>")
     return "\n".join(out)

@@ -16,17 +16,24 @@ import json
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from progress_sql.comparisons.spec import Job, JobResult, Plan, shared_settings
+from progress_sql.comparisons.spec import Job, JobResult, Plan, arm_params, shared_settings
 from progress_sql.files import write_json
 
 RESULT_FILE = "result.json"
 FAILED_FILE = "failed.json"
+SETTINGS_FILE = "settings.json"  # the job's whole settings (its MLflow run's params are the key ones)
 Log = Callable[[str], None]
+# MLflow run kinds (tag progress_sql.kind) of a comparison: its parent and one run per arm × seed.
+# Neither is a "pipeline" run, so the stages nested in them do not copy their summaries up: each
+# logs its own metrics, in its own order.
+PARENT_KIND = "comparison"
+ARM_KIND = "arm"
 
 
 # ----------------------------------------------------------------------------- shared stages
@@ -81,10 +88,23 @@ def is_done(job: Job) -> bool:
     return result is not None and result.status == "done"
 
 
+def run_name(job: Job) -> str:
+    """The MLflow run name of an arm × seed: ``<arm> seed <k>``."""
+    return f"{job.arm} seed {job.seed}"
+
+
+def parent_run_name(plan: Plan) -> str:
+    """The MLflow run name of a comparison: ``compare-<name>`` (its scale and flow run are tags)."""
+    return f"compare-{plan.name}"
+
+
 def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = print) -> JobResult:
     """RL then evaluation of one arm × seed (resumed from a checkpoint of the same settings), as
-    an MLflow child run of ``parent_run_id``; a finished job is not run again. Never raises for
-    the job's own failure: the result says ``failed`` and names the error (also in failed.json)."""
+    an MLflow child run of ``parent_run_id`` that holds what a comparison reads off its row: the
+    EX of every split and mode first (the single pipeline's metric names), then the other
+    evaluation metrics, the RL summary and the cost; the key settings as params; the evaluation
+    and RL reports and settings.json as artifacts. A finished job is not run again. Never raises
+    for the job's own failure: the result says ``failed`` and names the error (also in failed.json)."""
     from progress_sql import stages, tracking
 
     if is_done(job):
@@ -93,20 +113,25 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
     (job.run_dir / FAILED_FILE).unlink(missing_ok=True)
     s = job.settings
     corpus = s.data.out_dir
-    tags = {"progress_sql.comparison": plan.name, "progress_sql.arm": job.arm, "progress_sql.seed": str(job.seed),
-            "progress_sql.preset": plan.scale}
+    tags = {tracking.KIND_TAG: ARM_KIND, "progress_sql.comparison": plan.name, "progress_sql.arm": job.arm,
+            "progress_sql.seed": str(job.seed), "progress_sql.preset": plan.scale}
+    write_json(job.run_dir / SETTINGS_FILE, s.model_dump(mode="json"))
     try:
-        with tracking.child_pipeline_run(s, f"{job.arm}-seed{job.seed}", parent_run_id, tags=tags):
+        with tracking.child_pipeline_run(s, run_name(job), parent_run_id, tags=tags, params=arm_params(plan, job)):
             start = time.monotonic()
-            rl, _ = stages.train_rl(s, corpus, out=job.run_dir / "rl", resume="auto",
-                                    report_dir=job.run_dir / "reports", progress=False)
+            rl, rl_summary = stages.train_rl(s, corpus, out=job.run_dir / "rl", resume="auto",
+                                             report_dir=job.run_dir / "reports", progress=False)
             rl_seconds = time.monotonic() - start
             start = time.monotonic()
             ev = stages.evaluate(s, str(rl.final_dir), corpus, s.eval.splits, job.run_dir / "eval", progress=False)
             eval_seconds = time.monotonic() - start
             steps, tokens = _rollout_cost(job)
-            tracking.log_metrics({"compare/rl_seconds": rl_seconds, "compare/eval_seconds": eval_seconds,
+            tracking.log_metrics({**ex_first(ev.flat, plan.budget.splits), **rl_summary,
+                                  "compare/rl_seconds": rl_seconds, "compare/eval_seconds": eval_seconds,
                                   "compare/generated_tokens": tokens}, to_parent=False)
+            tracking.log_eval_files(ev)
+            for path in (job.run_dir / "reports", job.run_dir / SETTINGS_FILE):
+                tracking.log_artifacts(path)
     except Exception as err:  # noqa: BLE001  (any failure of one arm is reported, the others go on)
         result = JobResult(job.arm, job.seed, "failed", str(job.run_dir), job.fingerprint,
                            error=f"{type(err).__name__}: {err}")
@@ -119,6 +144,18 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
     write_json(job.run_dir / RESULT_FILE, asdict(result))
     log(f"{job.label}: RL {rl_seconds:.0f} s ({steps} step{'s' * (steps != 1)}), evaluation {eval_seconds:.0f} s")
     return result
+
+
+def ex_first(flat: dict[str, Any], splits: list[str]) -> dict[str, Any]:
+    """An evaluation's flat metrics with the EX of every split and mode (``dev/greedy/ex``) first,
+    the splits in the budget's order: MLflow's Compare view plots the first metric two runs share,
+    in the order they were first logged."""
+    def rank(key: str) -> tuple[bool, int, str]:
+        split, *rest = key.split("/")
+        ex = len(rest) == 2 and rest[1] == "ex"
+        return not ex, splits.index(split) if split in splits else len(splits), key
+
+    return {key: flat[key] for key in sorted(flat, key=rank)}
 
 
 def _rollout_cost(job: Job) -> tuple[int, float]:
@@ -165,8 +202,10 @@ class Outcome:
 
 
 def finish(plan: Plan, parent_run_id: str | None, wall_seconds: float, log: Log = print) -> Outcome:
-    """The report of what is on disk (finished arms; failures named), logged to the parent run."""
-    from progress_sql.comparisons.report import write_report
+    """The report of what is on disk (finished arms; failures named), logged to the parent run:
+    its files under ``comparison/``, the table in its description and as metrics
+    (``<arm>/<split>/<mode>/ex``, the mean over seeds)."""
+    from progress_sql.comparisons.report import table_means, write_report
 
     results = collect(plan)
     report = write_report(plan, results, wall_seconds)
@@ -176,24 +215,42 @@ def finish(plan: Plan, parent_run_id: str | None, wall_seconds: float, log: Log 
         tracking.log_run_artifacts(parent_run_id, report.folder, "comparison")
         tracking.set_run_tags(parent_run_id, {"progress_sql.compare_report": str(report.folder.resolve() / "report.html"),
                                               "mlflow.note.content": report.note})
+        tracking.log_run_metrics(parent_run_id, table_means(report.data))
     log(f"report: {report.folder / 'report.md'} (and report.html)")
     return Outcome(report.folder, results, report.table, parent_run_id)
+
+
+def pending(plan: Plan) -> tuple[list[Job], list[str]]:
+    """(the jobs not done yet, the shared outputs they need, in build order)."""
+    todo = [job for job in plan.jobs if not is_done(job)]
+    return todo, shared_keys(Plan(**{**plan.__dict__, "jobs": todo})) if todo else []
+
+
+@contextmanager
+def comparison_run(plan: Plan, tags: dict[str, str] | None = None) -> Iterator[str | None]:
+    """The comparison's MLflow parent run (``compare-<name>``), its id (None when tracking is
+    off): the comparison, scale, arms and budget as params; the shared stages and a run per arm ×
+    seed nest under it; ``finish`` adds the table and the report."""
+    from progress_sql import tracking
+
+    params = {"comparison": plan.name, "scale": plan.scale, "arms": plan.arms,
+              **{f"budget.{key}": value for key, value in plan.budget.model_dump().items()}}
+    all_tags = {tracking.KIND_TAG: PARENT_KIND, "progress_sql.comparison": plan.name,
+                "progress_sql.preset": plan.scale, **(tags or {})}
+    with tracking.pipeline_run(plan.base, parent_run_name(plan), tags=all_tags, params=params) as run:
+        yield run.info.run_id if run is not None else None
 
 
 def run_comparison(plan: Plan, log: Log = print, tags: dict[str, str] | None = None) -> Outcome:
     """The CLI's path: the shared stages, every job not done yet (``compare.max_parallel`` at
     once), the report; under one MLflow parent run with a child per arm × seed."""
-    from progress_sql import tracking
-
     start = time.monotonic()
-    todo = [job for job in plan.jobs if not is_done(job)]
+    todo, shared = pending(plan)
     log(f"comparison {plan.name} at scale {plan.scale}: {len(plan.jobs)} arm × seed runs, "
         f"{len(plan.jobs) - len(todo)} done before, {len(todo)} to run")
-    with tracking.pipeline_run(plan.base, f"compare-{plan.name}", tags=parent_tags(plan, tags)) as run:
-        parent = run.info.run_id if run is not None else None
-        if todo:
-            for key in shared_keys(Plan(**{**plan.__dict__, "jobs": todo})):
-                build_shared(plan, key, log)
+    with comparison_run(plan, tags) as parent:
+        for key in shared:
+            build_shared(plan, key, log)
         if plan.base.compare.max_parallel > 1 and len(todo) > 1:
             with ProcessPoolExecutor(max_workers=plan.base.compare.max_parallel, mp_context=get_context("spawn")) as pool:
                 for result in pool.map(run_job, [plan] * len(todo), todo, [parent] * len(todo)):
@@ -202,7 +259,3 @@ def run_comparison(plan: Plan, log: Log = print, tags: dict[str, str] | None = N
             for job in todo:
                 run_job(plan, job, parent, log)
         return finish(plan, parent, time.monotonic() - start, log)
-
-
-def parent_tags(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"progress_sql.comparison": plan.name, "progress_sql.preset": plan.scale, **(extra or {})}

@@ -42,6 +42,7 @@ from progress_sql.config import (
     dotted_items,
     load_preset,
     load_settings,
+    preset_names,
     presets_dir,
     yaml_load,
 )
@@ -126,6 +127,14 @@ def comparison_names(folder: Path | None = None) -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in folder.glob("*.yaml"))) if folder.is_dir() else ()
 
 
+def arm_names(folder: Path | None = None) -> tuple[str, ...]:
+    """The arms of every comparison in ``folder``, each name once, in file order (the choices of
+    the Prefect form's ``arms`` field)."""
+    folder = folder or comparisons_dir()
+    arms = (arm.name for name in comparison_names(folder) for arm in load_comparison(str(folder / f"{name}.yaml"))[1].arms)
+    return tuple(dict.fromkeys(arms))
+
+
 def load_comparison(name: str, params: str | Path | None = None) -> tuple[str, Comparison]:
     """(its name, the validated comparison) from a name in ``configs/comparisons/`` or a YAML path."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
@@ -158,14 +167,45 @@ def scale_budget(comparison: Comparison, scale: str, overrides: dict[str, Any] |
         raise ComparisonError("invalid budget:\n" + "\n".join(lines)) from None
 
 
+def is_method_key(key: str) -> bool:
+    """Whether dotted settings key ``key`` is one of the METHOD_KEYS (what makes a method)."""
+    return any(key == m or (m.endswith(".") and key.startswith(m)) for m in METHOD_KEYS) and key not in NOT_METHOD_KEYS
+
+
 def method_overlay(preset: str, scale: str, folder: Path) -> dict[str, Any]:
     """The arm's preset as dotted keys: all of it without a scale, its METHOD_KEYS with one."""
     overlay, _ = load_preset(preset, folder)
     items = dotted_items(overlay)
     if not scale or scale == NO_PRESET:
         return items
-    return {k: v for k, v in items.items()
-            if any(k == m or (m.endswith(".") and k.startswith(m)) for m in METHOD_KEYS) and k not in NOT_METHOD_KEYS}
+    return {k: v for k, v in items.items() if is_method_key(k)}
+
+
+def is_scale(preset: str, folder: Path) -> bool:
+    """Whether ``preset`` (a name in ``folder`` or a file) is a scale: one that names no method.
+    A method preset (progress-sql, oneshot, ...) sets ``rl.recipe``; a scale (cpu-demo, cpu-long)
+    sets sizes, model and data, and leaves the method to the arms."""
+    return preset == NO_PRESET or "rl.recipe" not in dotted_items(load_preset(preset, folder)[0])
+
+
+def scale_names(folder: Path) -> tuple[str, ...]:
+    """The scales among the presets of ``folder``, "none" first."""
+    return (NO_PRESET, *(name for name in preset_names(folder) if is_scale(name, folder)))
+
+
+def select_arms(comparison: Comparison, names: list[str] | None) -> Comparison:
+    """The comparison with only the arms ``names`` (in that order: the first is the one the others
+    are tested against); all of them for an empty list."""
+    if not names:
+        return comparison
+    known = {arm.name: arm for arm in comparison.arms}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ComparisonError(f"no arm named {', '.join(map(repr, unknown))} in this comparison; its arms: "
+                              f"{', '.join(known)}")
+    if len(set(names)) < 2:
+        raise ComparisonError(f"pick at least two arms to compare (got {', '.join(names)})")
+    return comparison.model_copy(update={"arms": [known[n] for n in dict.fromkeys(names)]})
 
 
 def _digest(obj: Any) -> str:
@@ -264,17 +304,23 @@ def _group_size(arm: Arm, settings_g: int, budget: Budget) -> int:
 
 
 def make_plan(name: str, params: str | Path = "params.yaml", scale: str = NO_PRESET, *,
-              budget_overrides: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Plan:
+              budget_overrides: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
+              arms: list[str] | None = None) -> Plan:
     """The comparison ``name`` at ``scale`` as jobs, every arm's settings validated; ``overrides``
-    (dotted) go on every arm, over the scale and under the budget. ComparisonError on bad input."""
+    (dotted) go on every arm, over the scale and under the budget; ``arms`` picks some of its arms
+    (default all). ComparisonError on bad input."""
     scale = scale or NO_PRESET
+    folder = presets_dir(params)
     try:  # the scale first: a bad preset is named as every command names it
         base = load_settings(params, overrides, preset=scale)
     except SettingsError as err:
         raise ComparisonError(f"scale {scale}: {err}") from None
+    if not is_scale(scale, folder):
+        raise ComparisonError(f"preset {scale!r} is a method (it sets rl.recipe), not a scale: the arms name the "
+                              f"methods; scales: {', '.join(scale_names(folder))}")
     name, comparison = load_comparison(name, params)
+    comparison = select_arms(comparison, arms)
     budget = scale_budget(comparison, scale, budget_overrides)
-    folder = presets_dir(params)
     out_dir = Path(base.compare.out_dir) / name / scale
     shared_dir = Path(base.compare.shared_dir)
     plan = Plan(name, scale, comparison, budget, [a.name for a in comparison.arms], [], base, out_dir, shared_dir,
@@ -311,6 +357,25 @@ def make_plan(name: str, params: str | Path = "params.yaml", scale: str = NO_PRE
             raise ComparisonError(f"arm {job.arm!r}: {err}") from None
     plan.notes = _budget_notes(plan, gs)
     return plan
+
+
+# The settings every arm run names as MLflow params, the arms' differing method keys beside them.
+KEY_SETTINGS = ("rl.recipe", "rl.env", "rl.algorithm", "rl.group_size", "rl.questions_per_step", "rl.steps", "seed")
+
+
+def arm_params(plan: Plan, job: Job) -> dict[str, Any]:
+    """What tells this arm × seed apart, as the params of its MLflow run: the arm, KEY_SETTINGS
+    (recipe, environment, loss, G, the budget's questions and steps, the seed) and each method key
+    whose value differs between the plan's arms (of the rewards, its own recipe's weights only),
+    under their settings names (a pipeline run's param names). Paths and what every arm shares
+    stay out (the whole settings are the run's settings.json): MLflow's Compare view plots the
+    first params that differ, in name order."""
+    flat = {j.arm: dotted_items(j.settings.model_dump(mode="json")) for j in plan.jobs}
+    mine = flat[job.arm]
+    own = (f"rewards.{job.settings.rl.recipe}.",)
+    differing = sorted(k for k in mine if is_method_key(k) and (not k.startswith("rewards.") or k.startswith(own))
+                       and len({repr(f.get(k)) for f in flat.values()}) > 1)
+    return {"arm": job.arm, **{k: mine[k] for k in (*KEY_SETTINGS, *differing)}}
 
 
 def _load(params: str | Path, scale: str, layered: dict[str, Any], arm: Arm) -> Settings:
