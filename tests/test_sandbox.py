@@ -229,7 +229,7 @@ def test_runaway_queries_are_interrupted_on_time(numbers_db: Path, name: str) ->
 BOMBS = {
     "randomblob": ("SELECT length(hex(randomblob(450000000)))", "too_big"),
     "zeroblob": ("SELECT length(zeroblob(2000000000))", "too_big"),
-    "printf_width": ("SELECT length(printf('%900000000c', 'x'))", None),  # SQLite gives NULL: no error, no time
+    "printf_width": ("SELECT length(printf('%900000000c', 'x'))", "too_big"),  # SQLite's own: NULL
     "doubling_cte": ("WITH RECURSIVE d(s, n) AS (SELECT 'x', 0 UNION ALL SELECT s || s, n + 1 FROM d WHERE n < 40) "
                      "SELECT max(length(s)) FROM d", "too_big"),
 }
@@ -244,6 +244,115 @@ def test_value_bombs_fail_fast_on_the_length_limit(numbers_db: Path, name: str) 
     assert result.error == kind, result
     if kind == "too_big":
         assert "sandbox.max_value_bytes" in result.message
+
+
+# Values past sandbox.max_value_bytes (16 MB), function by function, on both execution paths
+# (issue 39: SQLite's printf returned NULL, a silent wrong value, and took seconds to do it).
+S9 = "hex(zeroblob(4500000))"  # 9 M characters
+QUOTES9 = f"replace({S9}, '0', '''')"  # 9 M quotes: %q doubles each
+LONG_VALUES = {
+    "printf_precision": ("SELECT length(printf('%.*c', 20000000, 'x'))", "too_big"),
+    "printf_precision_900M": ("SELECT length(printf('%.*c', 900000000, 'x'))", "too_big"),
+    "printf_width": ("SELECT length(printf('%20000000d', 7))", "too_big"),
+    "printf_float_precision": ("SELECT length(printf('%.20000000f', 1.5))", "too_big"),
+    "printf_two_strings": (f"SELECT length(printf('%s%s', {S9}, {S9}))", "too_big"),
+    "printf_quote_doubling": (f"SELECT length(printf('%q', {QUOTES9}))", "too_big"),  # past it only once formatted
+    "format": ("SELECT length(format('%.*c', 20000000, 'x'))", "too_big"),
+    "printf_in_where": ("SELECT count(*) FROM n WHERE printf('%.*c', 16000001 - i % 2, 'x') <> ''", "too_big"),
+    "replace": (f"SELECT length(replace({S9}, '0', '00'))", "too_big"),
+    "substr_of_blob_concat": ("SELECT length(substr(zeroblob(9000000) || zeroblob(9000000), 2))", "too_big"),
+    "zeroblob": ("SELECT length(zeroblob(20000000))", "too_big"),
+    "hex_of_blob": ("SELECT length(hex(zeroblob(9000000)))", "too_big"),
+    "group_concat": ("SELECT length(group_concat(hex(zeroblob(20000)))) FROM n", "too_big"),
+    "char_too_many_arguments": ("SELECT char(" + ", ".join(["1114111"] * 128) + ")", "runtime"),
+    # within the limit: the true value, never NULL
+    "printf_just_under": ("SELECT length(printf('%.*c', 15000000, 'x'))", 15_000_000),
+    "printf_quote_under": ("SELECT length(printf('%q', replace(hex(zeroblob(3000000)), '0', '''')))", 12_000_000),
+    "substr_of_blob": ("SELECT length(substr(zeroblob(15000000), 2))", 14_999_999),
+    "char_127_arguments": ("SELECT length(char(" + ", ".join(["1114111"] * 127) + "))", 127),
+}
+
+
+@pytest.fixture(scope="module")
+def long_value_worker():
+    from progress_sql.sql.worker import Worker
+
+    worker = Worker()
+    yield worker
+    worker.close()
+
+
+@pytest.mark.parametrize("path", ["in_process", "worker"])
+@pytest.mark.parametrize("name", list(LONG_VALUES))
+def test_values_past_the_length_limit_are_too_big_on_both_paths(numbers_db: Path, long_value_worker, name: str,
+                                                               path: str) -> None:
+    sql, expected = LONG_VALUES[name]
+    started = time.monotonic()
+    if path == "in_process":
+        result = execute(numbers_db, sql, timeout_s=5.0)
+    else:
+        result, = long_value_worker.run([(numbers_db, sql)], timeout_s=5.0)
+    assert time.monotonic() - started < 2.0
+    if isinstance(expected, int):
+        assert result.rows == ((expected,),), result
+    else:
+        assert result.error == expected, result
+        if expected == "too_big":
+            assert "sandbox.max_value_bytes" in result.message
+        else:
+            assert "too many arguments on function char" in result.message
+
+
+PRINTF_FORMATS = [
+    ("'%5.2f|%d|%s|%q|%Q|%w|%-4s|'", "3.14159, 42, 'ab', 'it''s', NULL, 'a\"b', 'x'"),
+    ("'%,d %x %X %o %e %E %g %G %c %%'", "1234567, 255, 255, 8, 1.5, 1.5, 0.1, 1e20, 'hello'"),
+    ("'%*d|%-*d|%.*s|%.3c|%!.2s|%#x|%+d|% d|%05d'", "6, 42, 6, 42, 2, 'abcdef', 'é', 'éèê', 255, 5, 5, 5"),
+    ("'%s %s %s %d %d'", "x'41', 1.0, NULL, '12abc', 3.9"),
+    ("'%z|%i|%u|%lld|%p|%n|%'", "'z', -3, 7, 9007199254740993, 255, 0"),
+    ("'%d %s'", ""),  # missing arguments
+    ("'%T ends it %d'", "1, 2"),  # an internal conversion: SQLite stops there
+    ("x'25642125'", "5"),  # a blob format
+    ("NULL", "1"),
+    ("''", ""),  # NULL: SQLite's printf of an empty result
+    ("'%s'", "''"),  # '' here
+]
+
+
+@pytest.mark.parametrize(("fmt", "args"), PRINTF_FORMATS)
+def test_bounded_printf_formats_as_sqlite_does(numbers_db: Path, fmt: str, args: str) -> None:
+    call = f"({fmt}{', ' + args if args else ''})"
+    sql = f"SELECT printf{call}, format{call}"
+    con = sqlite3.connect(":memory:")
+    expected = con.execute(sql).fetchall()
+    con.close()
+    result = execute(numbers_db, sql)
+    assert result.ok and [tuple(row) for row in result.rows] == expected, (result, expected)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(fmt=st.text(alphabet="%%%-+ #!0,.*123lsdqQwcfeEgGxXopzin Tr|é", max_size=14),
+       args=st.lists(st.one_of(st.integers(-999, 999), st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=5),
+                               st.binary(max_size=4), st.none()), max_size=4))
+def test_bounded_printf_agrees_with_sqlites_on_any_short_format(fmt: str, args: list) -> None:
+    from progress_sql.sql.printf import bounded_printf, state
+
+    con = sqlite3.connect(":memory:")
+    con.text_factory = lambda raw: raw.decode("utf-8", errors="ignore")  # a blob's bytes, as the sandbox reads them
+    expected = con.execute(f"SELECT printf({', '.join('?' * (1 + len(args)))})", (fmt, *args)).fetchone()[0]
+    con.close()
+    state.limit = 1_000_000
+    assert bounded_printf(fmt, *args) == expected
+
+def test_printf_over_text_that_is_not_utf8_still_answers(tmp_path: Path) -> None:
+    # Python cannot pass such text to the bounded printf: SQLite's own formats it
+    path = tmp_path / "latin1.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (name TEXT)")
+    con.execute("INSERT INTO t VALUES (CAST(x'436166e9' AS TEXT))")  # 'Café' in latin-1
+    con.commit()
+    con.close()
+    assert execute(path, "SELECT printf('%s!', name) FROM t").rows == (("Caf!",),)
+    assert execute(path, "SELECT length(printf('%.*c', 20000000, 'x'))").error == "too_big"
 
 
 # ``instr`` of two long strings compares the needle at every position of the haystack inside one

@@ -19,12 +19,21 @@ The wall-clock limit is enforced by a progress handler that checks ``time.monoto
 runaway query stops within milliseconds of its deadline instead of running on in the
 background. A handler runs between steps, not inside one, so the work one step can do is
 bounded by SQLite's own limits: no string or blob longer than ``sandbox.max_value_bytes``
-(``SQLITE_LIMIT_LENGTH``: ``randomblob(450000000)`` or a string doubled in a recursive CTE fail
-at once with ``too_big``), and SQLite's heap in the process capped at ``sandbox.max_memory_mb``
-(``PRAGMA hard_heap_limit``; past it: ``out_of_memory``). What one step can still do for seconds
-(SQLite 3.40's ``printf('%.*c', 900000000, 'x')``) only a process boundary stops: policy SQL runs
-through ``sql/worker.py``'s ``execute_isolated`` and ``SQLPool``, which kill a worker that outlives
-its deadline.
+(``SQLITE_LIMIT_LENGTH``: ``randomblob(450000000)``, ``zeroblob``, ``replace``, ``hex``, ``||`` or
+a string doubled in a recursive CTE fail at once with ``too_big``), and SQLite's heap in the
+process capped at ``sandbox.max_memory_mb`` (``PRAGMA hard_heap_limit``; past it:
+``out_of_memory``). SQLite's ``printf``/``format`` swallow the length error (NULL, after seconds
+for a huge width): every connection here has ``sql/printf.py``'s bounded one instead, which
+answers ``too_big`` (``char`` takes at most 127 arguments, 508 bytes, and ``substr`` never
+grows a value: neither can pass the limit).
+
+So the in-process ``execute`` returns within one SQLite operation of its deadline, and the
+operations left are those whose time grows faster than their output, such as ``instr`` of two
+long strings (quadratic: ~1.3 s for 800,000 and 100,000 characters, ~30 s for 4 M and 1 M), and
+``printf`` over text that is not UTF-8 (SQLite's own, unbounded; see ``_run_decoding``).
+Only a process boundary stops those: policy SQL runs through ``sql/worker.py``'s
+``execute_isolated`` and ``SQLPool``, which kill a worker that outlives its deadline by
+``sandbox.hard_stop_grace_s``.
 
 Connections are cached per thread, keyed by the path and validated against the file's
 (device, inode, mtime, size) on every call, so a replaced or rewritten file is reopened and a
@@ -48,6 +57,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from progress_sql.sql import printf
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
 from progress_sql.sql.parse import DIALECT
 from progress_sql.sql.result import ErrorKind, ExecResult
@@ -81,6 +91,7 @@ _ALLOWED_ACTIONS = frozenset(
 _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"})
 
 _UNDECODABLE_TEXT = "could not decode to utf-8"
+_FUNCTION_FAILED = "user-defined function raised exception"  # sqlite3 could not pass printf its text
 
 
 def _fail(kind: ErrorKind, message: str, started: float) -> ExecResult:
@@ -198,7 +209,7 @@ def _limit_heap(megabytes: int) -> None:
         _heap_limit[0] = limit
 
 
-def _connect(path: str, immutable: bool) -> sqlite3.Connection:
+def _connect(path: str, immutable: bool, *, bounded_printf: bool = True) -> sqlite3.Connection:
     uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro" + ("&immutable=1" if immutable else "")
     con = sqlite3.connect(uri, uri=True, isolation_level=None)
     try:
@@ -206,6 +217,8 @@ def _connect(path: str, immutable: bool) -> sqlite3.Connection:
             con.enable_load_extension(False)
         con.execute("PRAGMA query_only = ON")  # before the authorizer, which denies PRAGMA
         con.set_authorizer(_authorize)
+        if bounded_printf:
+            printf.install(con)  # SQLite's own printf turns a too long result into NULL
     except BaseException:
         con.close()
         raise
@@ -290,6 +303,7 @@ def _run(con: sqlite3.Connection, sql: str, deadline: float, max_rows: int) -> t
         return False
 
     con.set_progress_handler(past_deadline, _VM_STEPS_PER_CHECK)
+    printf.state.too_big = False
     cur = con.cursor()
     try:
         cur.execute(sql)
@@ -297,11 +311,37 @@ def _run(con: sqlite3.Connection, sql: str, deadline: float, max_rows: int) -> t
         columns = tuple(d[0] for d in cur.description or ())
     except sqlite3.Error as err:
         err.timed_out = fired[0]  # type: ignore[attr-defined]
+        err.too_big = printf.state.too_big  # type: ignore[attr-defined]
         raise
     finally:
         cur.close()  # resets the statement, releasing its read lock
         con.set_progress_handler(None, 0)
     return tuple(rows[:max_rows]), columns, len(rows) > max_rows
+
+
+def _run_decoding(con: sqlite3.Connection, path: str, sql: str, deadline: float,
+                  max_rows: int) -> tuple[tuple, tuple, bool]:
+    """``_run``, again when the file's text is not UTF-8: results decoded leniently, and a call
+    of printf whose text arguments Python cannot decode run by SQLite's own printf, on a
+    connection of this query's own (unbounded there: the worker's hard stop remains)."""
+    for _ in range(2):
+        try:
+            return _run(con, sql, deadline, max_rows)
+        except sqlite3.OperationalError as err:
+            text = str(err).lower()
+            if _UNDECODABLE_TEXT in text and con.text_factory is not _lenient_text:
+                con.text_factory = _lenient_text  # this file holds non-UTF-8 text: stay lenient
+            elif _FUNCTION_FAILED in text and not getattr(err, "too_big", False):
+                plain = _connect(path, _needs_immutable(path), bounded_printf=False)
+                plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, con.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+                plain.text_factory = _lenient_text
+                try:
+                    return _run(plain, sql, deadline, max_rows)
+                finally:
+                    plain.close()
+            else:
+                raise
+    return _run(con, sql, deadline, max_rows)
 
 
 def execute(
@@ -346,19 +386,14 @@ def execute(
         except _NoDatabase as err:
             return _fail("no_database", str(err), started)
         con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, cfg.max_value_bytes)
+        printf.state.limit = cfg.max_value_bytes
         _limit_heap(cfg.max_memory_mb)
 
         deadline = started + timeout
         try:
-            try:
-                rows, columns, truncated = _run(con, sql, deadline, limit)  # type: ignore[arg-type]
-            except sqlite3.OperationalError as err:
-                if _UNDECODABLE_TEXT not in str(err).lower():
-                    raise
-                con.text_factory = _lenient_text  # this file holds non-UTF-8 text: stay lenient
-                rows, columns, truncated = _run(con, sql, deadline, limit)  # type: ignore[arg-type]
+            rows, columns, truncated = _run_decoding(con, path, sql, deadline, limit)  # type: ignore[arg-type]
         except (sqlite3.Error, sqlite3.Warning) as err:
-            kind = _classify(err, getattr(err, "timed_out", False))
+            kind = "too_big" if getattr(err, "too_big", False) else _classify(err, getattr(err, "timed_out", False))
             if kind == "timeout":
                 return _fail("timeout", f"query stopped after exceeding the {timeout:g} s time limit", started)
             if kind == "too_big":
