@@ -1,4 +1,6 @@
-"""The RL losses against hand-computed values on small tensors."""
+"""The RL losses against hand-computed values on small tensors. The losses take the scored
+tokens flat (``[N]`` with each token's sequence); the tests write them as ``[B, L]`` rows with a
+mask, which ``_scored`` flattens as ``train.packing`` does."""
 
 from __future__ import annotations
 
@@ -13,12 +15,30 @@ from progress_sql.train.losses import (  # noqa: E402
     grpo_loss,
     gspo_loss,
     k3_kl,
-    token_logprobs,
+    token_weights,
 )
 
 
 def _leaf(values):
     return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+def _scored(mask, *rows):
+    """The mask's scored positions of each ``[B, L]`` tensor in ``rows`` (None stays None), and
+    the sequence of each: the losses' flat layout."""
+    keep = mask.bool()
+    seq = torch.arange(mask.shape[0])[:, None].expand_as(mask)[keep]
+    return [None if r is None else r[keep] for r in rows] + [seq]
+
+
+def grpo(logp, old, ref, adv, mask, *args, **kwargs):
+    lp, o, r, seq = _scored(mask, logp, old, ref)
+    return grpo_loss(lp, o, r, adv, seq, *args, **kwargs)
+
+
+def gspo(logp, old, ref, adv, mask, *args, **kwargs):
+    lp, o, r, seq = _scored(mask, logp, old, ref)
+    return gspo_loss(lp, o, r, adv, seq, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -61,7 +81,7 @@ def test_grpo_on_policy_ratio_is_one_and_loss_is_minus_advantage():
     logp = _leaf([[0.0, -1.0, -2.0], [0.0, -0.5, -0.7]])
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
     adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
-    loss, stats = grpo_loss(logp, logp.detach(), None, adv, mask, 0.2, 0.2, 0.0, "seq_mean_token_mean")
+    loss, stats = grpo(logp, logp.detach(), None, adv, mask, 0.2, 0.2, 0.0, "seq_mean_token_mean")
     assert stats["ratio"] == pytest.approx(1.0) and stats["clip_frac"] == 0.0 and stats["kl"] == 0.0
     assert loss.item() == pytest.approx((-1.0 + 2.0) / 2)
     loss.backward()
@@ -73,22 +93,23 @@ def test_grpo_on_policy_ratio_is_one_and_loss_is_minus_advantage():
 def test_zero_advantage_gives_zero_gradient():
     logp = _leaf([[-1.0, -2.0, -0.3]])
     old = torch.tensor([[-1.2, -1.0, -0.3]], dtype=torch.float64)
-    loss, _ = grpo_loss(logp, old, None, torch.zeros(1, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
+    loss, _ = grpo(logp, old, None, torch.zeros(1, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
                         0.2, 0.2, 0.0)
     loss.backward()
     assert loss.item() == 0.0 and torch.count_nonzero(logp.grad) == 0
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
-def test_masked_positions_get_no_gradient(aggregation):
-    logp = _leaf([[-0.5, -1.0, -2.0, -0.2], [-0.3, -0.4, -0.9, -1.1]])
-    ref = torch.tensor([[-0.4, -1.5, -1.0, -0.2], [-0.1, -0.4, -0.5, -2.0]], dtype=torch.float64)
-    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]], dtype=torch.float64)
-    loss, _ = grpo_loss(logp, logp.detach() - 0.05, ref, torch.tensor([1.5, -0.5], dtype=torch.float64), mask,
-                        0.2, 0.28, 0.1, aggregation, max_tokens=8)
-    loss.backward()
-    assert torch.all(logp.grad[mask == 0] == 0)
-    assert torch.all(logp.grad[mask == 1] != 0)
+def test_token_weights_are_each_aggregation():
+    seq = torch.tensor([0, 0, 0, 1])  # three tokens of sequence 0, one of sequence 1
+    assert token_weights(seq, 2, "token_mean").tolist() == pytest.approx([0.25] * 4)
+    assert token_weights(seq, 2, "seq_mean_token_mean").tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0.5])
+    assert token_weights(seq, 2, "seq_mean_token_sum_norm", max_tokens=10).tolist() == pytest.approx([0.05] * 4)
+    # the whole batch's counts when accumulating: 8 sequences, 20 tokens
+    assert token_weights(seq, 2, "token_mean", num_sequences=8, num_tokens=20).tolist() == pytest.approx([0.05] * 4)
+    assert token_weights(seq, 2, "seq_mean_token_mean", num_sequences=8).tolist() == pytest.approx(
+        [1 / 24, 1 / 24, 1 / 24, 1 / 8])
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        token_weights(seq, 2, "mean")
 
 
 def test_clipping_activates_beyond_eps_and_dapo_clip_is_asymmetric():
@@ -99,7 +120,7 @@ def test_clipping_activates_beyond_eps_and_dapo_clip_is_asymmetric():
     logp = _leaf([[0.25], [-0.25]])
 
     # symmetric ε = 0.2: both tokens are clipped, so neither gets a gradient
-    loss, stats = grpo_loss(logp, old, None, adv, mask, 0.2, 0.2, 0.0, "token_mean")
+    loss, stats = grpo(logp, old, None, adv, mask, 0.2, 0.2, 0.0, "token_mean")
     loss.backward()
     assert stats["clip_frac"] == 1.0
     assert loss.item() == pytest.approx((-1.2 + 0.8) / 2)
@@ -107,7 +128,7 @@ def test_clipping_activates_beyond_eps_and_dapo_clip_is_asymmetric():
 
     # DAPO clip-higher ε_high = 0.3: the positive-advantage token (1.284 < 1.3) is no longer clipped
     logp.grad = None
-    loss, stats = grpo_loss(logp, old, None, adv, mask, 0.2, 0.3, 0.0, "token_mean")
+    loss, stats = grpo(logp, old, None, adv, mask, 0.2, 0.3, 0.0, "token_mean")
     loss.backward()
     assert stats["clip_frac"] == 0.5
     r = math.exp(0.25)
@@ -118,7 +139,7 @@ def test_clipping_activates_beyond_eps_and_dapo_clip_is_asymmetric():
 def test_clipping_never_hides_a_harmful_ratio():
     # A < 0 with ratio above 1 + ε: the unclipped term is the larger loss, and it keeps its gradient
     logp = _leaf([[0.5]])
-    loss, stats = grpo_loss(logp, torch.zeros(1, 1, dtype=torch.float64), None,
+    loss, stats = grpo(logp, torch.zeros(1, 1, dtype=torch.float64), None,
                             torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
                             0.2, 0.2, 0.0)
     loss.backward()
@@ -130,13 +151,13 @@ def test_aggregations_by_hand():
     logp = torch.zeros(2, 4, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.float64)
     adv = torch.tensor([-1.0, -4.0], dtype=torch.float64)  # per-token loss = −A at ratio 1
-    agg = {a: float(grpo_loss(logp, logp, None, adv, mask, 0.2, 0.2, 0.0, a, max_tokens=10)[0])
+    agg = {a: float(grpo(logp, logp, None, adv, mask, 0.2, 0.2, 0.0, a, max_tokens=10)[0])
            for a in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")}
     assert agg["token_mean"] == pytest.approx((3 * 1 + 4) / 4)
     assert agg["seq_mean_token_mean"] == pytest.approx((1 + 4) / 2)
     assert agg["seq_mean_token_sum_norm"] == pytest.approx((3 / 10 + 4 / 10) / 2)
     with pytest.raises(ValueError, match="max_tokens"):
-        grpo_loss(logp, logp, None, adv, mask, 0.2, 0.2, 0.0, "seq_mean_token_sum_norm")
+        grpo(logp, logp, None, adv, mask, 0.2, 0.2, 0.0, "seq_mean_token_sum_norm")
 
 
 def test_micro_batch_losses_add_up_to_the_batch_loss():
@@ -146,9 +167,9 @@ def test_micro_batch_losses_add_up_to_the_batch_loss():
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]], dtype=torch.float64)
     adv = torch.tensor([0.5, -1.0, 2.0, 0.1], dtype=torch.float64)
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-        full = grpo_loss(logp, old, None, adv, mask, 0.2, 0.28, 0.0, agg, max_tokens=5)[0]
+        full = grpo(logp, old, None, adv, mask, 0.2, 0.28, 0.0, agg, max_tokens=5)[0]
         parts = sum(
-            grpo_loss(logp[s], old[s], None, adv[s], mask[s], 0.2, 0.28, 0.0, agg,
+            grpo(logp[s], old[s], None, adv[s], mask[s], 0.2, 0.28, 0.0, agg,
                       num_sequences=4, num_tokens=float(mask.sum()), max_tokens=5)[0]
             for s in (slice(0, 3), slice(3, 4))
         )
@@ -159,12 +180,12 @@ def test_kl_term_is_beta_times_k3():
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
     ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.float64)
-    loss, stats = grpo_loss(logp, logp, ref, torch.zeros(1, dtype=torch.float64), mask, 0.2, 0.2, 0.5, "token_mean")
+    loss, stats = grpo(logp, logp, ref, torch.zeros(1, dtype=torch.float64), mask, 0.2, 0.2, 0.5, "token_mean")
     kl = k3_kl(logp, ref)
     assert stats["kl"] == pytest.approx(float(kl.mean()))
     assert loss.item() == pytest.approx(0.5 * float(kl.mean()))
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, logp, None, torch.zeros(1), mask, 0.2, 0.2, 0.5)
+        grpo(logp, logp, None, torch.zeros(1), mask, 0.2, 0.2, 0.5)
 
 
 # ----------------------------------------------------------------------------- GSPO
@@ -174,7 +195,7 @@ def test_gspo_ratio_is_length_normalised_and_clipped_per_sequence():
     logp = _leaf([[0.0, 0.1, 0.3, 9.0], [0.4, 0.4, 0.4, 0.4]])
     mask = torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
     adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
-    loss, stats = gspo_loss(logp, old, None, adv, mask, 0.25, 0.25, 0.0)
+    loss, stats = gspo(logp, old, None, adv, mask, 0.25, 0.25, 0.0)
     s0 = math.exp(0.2)  # 1.221 < 1.25: not clipped
     assert loss.item() == pytest.approx((-s0 - 1.25) / 2)
     assert stats["clip_frac"] == 0.5 and stats["ratio"] == pytest.approx((s0 + math.exp(0.4)) / 2)
@@ -187,53 +208,9 @@ def test_gspo_ratio_is_length_normalised_and_clipped_per_sequence():
 def test_gspo_on_policy_and_zero_advantage():
     logp = _leaf([[-1.0, -0.5, -0.25]])
     mask = torch.tensor([[0, 1, 1]], dtype=torch.float64)
-    loss, stats = gspo_loss(logp, logp.detach(), None, torch.tensor([2.0], dtype=torch.float64), mask, 3e-4, 4e-4, 0.0)
+    loss, stats = gspo(logp, logp.detach(), None, torch.tensor([2.0], dtype=torch.float64), mask, 3e-4, 4e-4, 0.0)
     assert stats["ratio"] == pytest.approx(1.0) and loss.item() == pytest.approx(-2.0)
     logp2 = _leaf([[-1.0, -0.5, -0.25]])
-    loss2, _ = gspo_loss(logp2, logp2.detach() + 0.1, None, torch.zeros(1, dtype=torch.float64), mask, 0.2, 0.2, 0.0)
+    loss2, _ = gspo(logp2, logp2.detach() + 0.1, None, torch.zeros(1, dtype=torch.float64), mask, 0.2, 0.2, 0.0)
     loss2.backward()
     assert torch.count_nonzero(logp2.grad) == 0
-
-
-# ----------------------------------------------------------------------------- log-probs
-class _Bigram(torch.nn.Module):
-    """A model whose logits at position t depend on token t only: log-probs known by hand."""
-
-    def __init__(self, table: torch.Tensor) -> None:
-        super().__init__()
-        self.table = torch.nn.Parameter(table)
-
-    def forward(self, input_ids, attention_mask=None, use_cache=False):
-        return type("Out", (), {"logits": self.table[input_ids]})()
-
-
-def test_token_logprobs_gathers_next_token_logprobs():
-    table = torch.tensor([[0.0, 1.0, 2.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
-    ids = torch.tensor([[0, 2, 2, 1]])
-    lp = token_logprobs(_Bigram(table), ids, torch.ones_like(ids))
-    expected = [0.0] + [float(torch.log_softmax(table[a], -1)[b]) for a, b in ((0, 2), (2, 2), (2, 1))]
-    assert lp[0].detach().tolist() == pytest.approx(expected, abs=1e-6)
-    hot = token_logprobs(_Bigram(table), ids, torch.ones_like(ids), temperature=2.0)
-    assert hot[0, 1].item() == pytest.approx(float(torch.log_softmax(table[0] / 2, -1)[2]), abs=1e-6)
-
-
-def test_token_logprobs_from_the_first_scored_position_equal_the_full_ones():
-    """With a loss mask, logits are computed only from the first scored position: the scored
-    log-probs are the full computation's, earlier positions are 0."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1)).eval()
-    ids = torch.randint(0, 50, (2, 12))
-    attention = torch.ones_like(ids)
-    mask = torch.zeros(2, 12)
-    mask[0, 7:10] = 1
-    mask[1, 5:12] = 1
-    full = token_logprobs(model, ids, attention)
-    part = token_logprobs(model, ids, attention, loss_mask=mask)
-    assert part.shape == full.shape
-    assert torch.allclose(part[:, 5:], full[:, 5:], atol=1e-5)
-    assert torch.count_nonzero(part[:, :5]) == 0
-    # no scored position at all: the full computation
-    assert torch.allclose(token_logprobs(model, ids, attention, loss_mask=torch.zeros(2, 12)), full)

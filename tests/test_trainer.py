@@ -21,14 +21,15 @@ from progress_sql.config import RLSettings  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
-from progress_sql.train.losses import group_advantages, token_logprobs  # noqa: E402
+from progress_sql.train.losses import group_advantages  # noqa: E402
+from progress_sql.train.packing import token_batch, use_packed_attention  # noqa: E402
 from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.train.trajectories import tokenized_trajectory  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
-from progress_sql.train.trainer import collate, micro_batch_loss, micro_batches, question_indices, run_rl  # noqa: E402
+from progress_sql.train.trainer import micro_batch_loss, question_indices, run_rl  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend  # noqa: E402
 from corpora import QUESTIONS, half_right_sft, school_corpus, school_settings  # noqa: E402
 
@@ -157,55 +158,48 @@ def test_plain_torch_resume_in_place_and_time_budget(warm, tmp_path):
     assert [p.name for p in list_checkpoints(timed.out_dir)] == ["step-1"] and (timed.final_dir / "config.json").is_file()
 
 
-def test_masked_tokens_get_no_gradient(warm):
-    """Gradient w.r.t. the logits: zero at every position that predicts a masked token
-    (prompt, feedback, end-of-turn, padding), non-zero where a sampled token is predicted."""
+def test_only_sampled_tokens_are_scored_and_each_gets_a_gradient(warm):
+    """A real multi-turn rollout's micro-batch, packed: the tokens scored are exactly those the
+    policy sampled (prompt, feedback and end-of-turn tokens never reach the output head), and on
+    policy every one of a sequence with a non-zero advantage gets a gradient."""
     corpus, policy = warm
     s = school_settings(policy)
     model, tokenizer = load_policy(policy, device="cpu")
+    use_packed_attention(model)
     layout = CorpusLayout(corpus)
     token_policy = TokenPolicy(TransformersBackend(model, tokenizer), tokenizer, s.generation, stop_strings("think_sql"), seed=3)
     examples = [Example(id="q", db_id="school", question=QUESTIONS[1][0], gold_sql=QUESTIONS[1][1], hardness="easy")] * 3
     episodes = envs.rollout(lambda: envs.get("odt_feedback")(s), token_policy, examples, layout.database)
     trajs = [tokenized_trajectory(ep, token_policy.records[ep.id], float(i), 0, 10_000) for i, ep in enumerate(episodes)]
-    batch = collate(trajs, group_advantages([0.0, 1.0, 2.0], [0, 0, 0], 1e-6), tokenizer.pad_token_id, torch.device("cpu"))
-    assert batch["attention_mask"].min() == 0  # padding is part of the check
+    assert any(ep.K > 1 for ep in episodes)  # feedback between turns is part of the check
+    batch = token_batch(trajs, packed=True, pad_id=tokenizer.pad_token_id, device="cpu")
+    sampled = [(r, t.input_ids[k]) for r, t in enumerate(trajs) for k, m in enumerate(t.loss_mask) if m and k > 0]
+    assert list(zip(batch.seq.tolist(), batch.targets.tolist())) == sampled
 
     captured = {}
 
-    def keep_logits(_module, _inputs, output):
+    def keep_hidden(_module, _inputs, output):  # the final norm's output: what the head projects
         if output.requires_grad:
             output.retain_grad()
-            captured["logits"] = output
+            captured["hidden"] = output
 
-    handle = model.lm_head.register_forward_hook(keep_logits)
+    handle = model.model.norm.register_forward_hook(keep_hidden)
     model.train()
-    with torch.no_grad():  # on-policy: no token is clipped, so every sampled one gets a gradient
-        old_logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-    loss, _ = micro_batch_loss(model, batch, old_logp, None, s.rl, temperature=1.0, num_sequences=3,
-                               num_tokens=float(batch["loss_mask"].sum()), max_tokens=48)
+    adv = group_advantages([0.0, 1.0, 2.0], [0, 0, 0], 1e-6)
+    loss, _ = micro_batch_loss(model, batch, adv, None, None, s.rl, temperature=1.0, num_sequences=3,
+                               num_tokens=float(len(sampled)), max_tokens=48)
     loss.backward()
     handle.remove()
-    grad = captured["logits"].grad  # [B, L - off, V]; row j predicts token off + j + 1
-    off = batch["input_ids"].shape[1] - grad.shape[1]  # logits start before the first scored token
-    assert off > 0 and not bool(batch["loss_mask"][:, : off + 1].any())
-    predicts_sampled = batch["loss_mask"][:, off + 1:] == 1
-    assert grad.shape[0] == batch["input_ids"].shape[0]
-    assert torch.count_nonzero(grad[:, :-1][~predicts_sampled]) == 0
-    assert torch.count_nonzero(grad[:, -1]) == 0
-    nonzero_adv = batch["advantages"] != 0
-    assert bool((grad[:, :-1].abs().sum(-1)[predicts_sampled & nonzero_adv[:, None]] > 0).all())
+    grad = captured["hidden"].grad.reshape(-1, captured["hidden"].shape[-1])  # one row per position
+    assert grad.shape[0] == batch.input_ids.numel()
+    at = batch.positions[adv[batch.seq] != 0]  # the positions predicting a token of a moving sequence
+    assert bool((grad[at].abs().sum(-1) > 0).all())
+    others = torch.ones(grad.shape[0], dtype=torch.bool)
+    others[at] = False
+    assert torch.count_nonzero(grad[others]) == 0  # prompt, feedback, end-of-turn: nothing reaches them
 
 
 # ----------------------------------------------------------------------------- pieces
-def test_micro_batches_by_sequences_or_by_padded_tokens():
-    lengths = [5, 30, 10, 12, 40, 8]
-    assert micro_batches(lengths, 4, 0) == [[0, 5, 2, 3], [1, 4]]  # by length, 4 sequences each
-    assert micro_batches(lengths, 4, 60) == [[0, 5, 2, 3], [1], [4]]  # rows x longest <= 60 tokens
-    assert micro_batches(lengths, 4, 10_000) == [[0, 5, 2, 3, 1, 4]]
-    assert micro_batches([100, 3], 4, 50) == [[1], [0]]  # a sequence over the budget goes alone
-
-
 def test_question_stream_is_a_seeded_permutation_per_epoch():
     first = question_indices(5, 0, 5, seed=1)
     assert sorted(first) == list(range(5))

@@ -167,10 +167,21 @@ class ModelSettings(_Section):
 
 
 class LoRASettings(_Section):
+    """LoRA adapters through peft (``train.lora``): the base weights frozen, the adapters trained."""
+
     enabled: bool = False
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
+    r: int = Field(16, ge=1)  # adapter rank
+    alpha: int = Field(32, ge=1)  # scale alpha / r
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    # the modules that get adapters: all-linear (every linear layer but the output head) or their names
+    targets: Literal["all-linear"] | list[str] = "all-linear"
+
+
+class RLLoRASettings(LoRASettings):
+    """``rl.lora``: as ``sft.lora``, without dropout: a rollout samples in eval mode and the update
+    must see the same function (the ratio of the first pass is then exactly 1)."""
+
+    dropout: float = Field(0.0, ge=0.0, le=0.0)
 
 
 class SFTSettings(_Section):
@@ -187,6 +198,8 @@ class SFTSettings(_Section):
     revision_share: float = Field(0.3, ge=0.0, le=1.0)  # examples also given as a revision dialogue
     copy_rows: int = Field(0, ge=0)  # random copy strings added to each step's loss (model.copy_warmup); 0: none
     max_examples: int = Field(0, ge=0)  # 0: the whole train split
+    # fp32 logits held at once when scoring the targets (train.logprobs); 0: all of a batch at once
+    logits_chunk_mb: float = Field(256.0, ge=0.0)
     # the forward pass: auto = bf16 autocast for fp32 weights on a bf16 GPU or a CPU with bf16
     # instructions (AVX512-BF16 / AMX: ~1.4x faster steps), else the weights' dtype; bf16: always;
     # off: never. SFT trains fp32 weights unless model.dtype names another.
@@ -241,9 +254,17 @@ class RLSettings(_Section):
     lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)  # AdamW
     micro_batch_size: int = Field(8, ge=1)  # sequences per forward/backward
-    # > 0: a micro-batch holds as many sequences (sorted by length) as fit in this many padded
-    # tokens, at least one; micro_batch_size is then not used. 0: micro_batch_size sequences.
+    # > 0: a micro-batch holds as many sequences (sorted by length) as fit in this many tokens
+    # (packed: real tokens; padded: rows × longest), at least one; micro_batch_size is then not
+    # used. 0: micro_batch_size sequences.
     micro_batch_tokens: int = Field(0, ge=0)
+    # true: a micro-batch's trajectories in one row without padding, attention kept inside each
+    # (train.packing); false: right-padded rows (to compare, or for a model whose attention cannot pack)
+    packing: bool = True
+    # fp32 logits held at once when scoring the sampled tokens (train.logprobs): a real vocabulary
+    # (Qwen2.5: 151,936) is 0.6 MB a token, so a whole micro-batch's would dwarf the model; 0: all at once
+    logits_chunk_mb: float = Field(256.0, ge=0.0)
+    lora: RLLoRASettings = RLLoRASettings()  # LoRA RL: adapters trained, KL reference = adapters off
     updates_per_batch: int = Field(1, ge=1)  # optimisation passes over one batch of rollouts
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     clip_eps_high: float = Field(0.2, gt=0.0, lt=1.0)  # DAPO clip-higher: set above clip_eps (0.28)

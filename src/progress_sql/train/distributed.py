@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from progress_sql.config import PACKAGE_CONFIGS, RLSettings
+from progress_sql.train.lora import save_policy
 
 EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()
 
@@ -140,10 +141,15 @@ class TorchEngine:
         return next(self.module.parameters()).device
 
     def __call__(self, **inputs: Any) -> Any:
+        with self.autocast():
+            return self.module(**inputs)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision of the training forward (bf16 autocast on a GPU), for what runs beside
+        the model's own forward (the output head, a chunk at a time: ``train.logprobs``)."""
         if self.autocast_dtype is None:
-            return self.module(**inputs)
-        with torch.autocast(self.module.device.type, dtype=self.autocast_dtype):
-            return self.module(**inputs)
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         loss.backward()
@@ -181,8 +187,8 @@ class TorchEngine:
         return contextlib.nullcontext()
 
     def save_pretrained(self, out_dir: Path, tokenizer: Any) -> None:
-        self.module.save_pretrained(str(out_dir))
-        tokenizer.save_pretrained(str(out_dir))
+        """The policy as a plain model folder (LoRA: merged, adapters beside it). The run's last act."""
+        save_policy(self.module, tokenizer, out_dir)
 
     def broadcast_flag(self, flag: bool) -> bool:
         return _broadcast_flag(flag, self.device)
@@ -209,6 +215,10 @@ class DeepSpeedEngine:
 
     def __call__(self, **inputs: Any) -> Any:
         return self.engine(**inputs)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Nothing: DeepSpeed holds the module in its training precision (bf16 on a GPU)."""
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # The boundary is set before backward: ZeRO reduces gradients in its backward hooks there.
@@ -267,8 +277,7 @@ class DeepSpeedEngine:
     def save_pretrained(self, out_dir: Path, tokenizer: Any) -> None:
         with self.gathered():  # ZeRO-3: the full weights are in place while this runs
             if rank() == 0:
-                self.module.save_pretrained(str(out_dir))
-                tokenizer.save_pretrained(str(out_dir))
+                save_policy(self.module, tokenizer, out_dir)
 
     def broadcast_flag(self, flag: bool) -> bool:
         return _broadcast_flag(flag, self.device)

@@ -49,6 +49,8 @@ from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.inference import ChatModel, load_policy
 from progress_sql.inference.backends import cache_kwarg
+from progress_sql.train.logprobs import head_bypassed, selected_logprobs
+from progress_sql.train.lora import save_policy, with_lora
 from progress_sql.train.tiny import copy_loss, ordinary_ids
 
 METRICS_FILE = "sft_metrics.json"
@@ -264,39 +266,39 @@ def shared_prefix_length(rows: Sequence[tuple[Sequence[int], Sequence[int]]]) ->
 
 
 def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, *,
-               share_prefix: bool = True) -> tuple[torch.Tensor, int]:
+               share_prefix: bool = True, chunk_mb: float = 0.0) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of a batch of ``(ids, mask)`` rows, and the
     number of tokens processed.
 
     With ``share_prefix`` the rows' common prefix is run once (batch 1) and its KV cache,
     expanded to the batch, feeds the per-row suffixes: the same loss and gradients as the
     plain padded forward pass (a test checks both), several times cheaper when the prompt is
-    long and the target short, as in Text-to-SQL.
+    long and the target short, as in Text-to-SQL. The targets' log-probabilities come from the
+    hidden states a chunk at a time (``train.logprobs``, ``chunk_mb`` of fp32 logits at once).
     """
     device = model.device
     k = shared_prefix_length(rows) if share_prefix and len(rows) > 1 else 0
-    if k >= 2:
-        cache = DynamicCache(config=model.config)
-        key = cache_kwarg(model)
-        model(input_ids=torch.tensor([list(rows[0][0][:k])], device=device), use_cache=True, logits_to_keep=1,
-              **{key: cache})
-        cache.batch_repeat_interleave(len(rows))
-        input_ids, attention, mask = _pad([(ids[k:], m[k:]) for ids, m in rows], pad_id, device)
-        attention = torch.cat([attention.new_ones((len(rows), k)), attention], dim=1)
-        positions = torch.arange(k, k + input_ids.shape[1], device=device).expand(len(rows), -1)
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                       **{key: cache}).logits
-        processed = k + int(attention[:, k:].sum())
-    else:
-        input_ids, attention, mask = _pad(list(rows), pad_id, device)
-        logits = model(input_ids=input_ids, attention_mask=attention).logits
-        processed = int(attention.sum())
+    with head_bypassed(model) as head:
+        if k >= 2:
+            cache = DynamicCache(config=model.config)
+            key = cache_kwarg(model)
+            model(input_ids=torch.tensor([list(rows[0][0][:k])], device=device), use_cache=True, logits_to_keep=1,
+                  **{key: cache})
+            cache.batch_repeat_interleave(len(rows))
+            input_ids, attention, mask = _pad([(ids[k:], m[k:]) for ids, m in rows], pad_id, device)
+            attention = torch.cat([attention.new_ones((len(rows), k)), attention], dim=1)
+            positions = torch.arange(k, k + input_ids.shape[1], device=device).expand(len(rows), -1)
+            out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                        **{key: cache}).logits
+            processed = k + int(attention[:, k:].sum())
+        else:
+            input_ids, attention, mask = _pad(list(rows), pad_id, device)
+            out = model(input_ids=input_ids, attention_mask=attention).logits
+            processed = int(attention.sum())
     # Position t predicts token t + 1; only target tokens count.
-    labels = input_ids[:, 1:].masked_fill(~mask[:, 1:], -100)
-    loss = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    return loss / mask[:, 1:].sum().clamp(min=1), processed
+    rows_, cols = mask[:, 1:].nonzero(as_tuple=True)
+    logp = selected_logprobs(out, head, rows_ * out.shape[1] + cols, input_ids[rows_, cols + 1], chunk_mb=chunk_mb)
+    return -logp.sum() / max(logp.numel(), 1), processed
 
 
 def schedule_factor(progress: float, warmup_ratio: float) -> float:
@@ -326,15 +328,6 @@ def training_autocast(mode: str, device: torch.device, weights: torch.dtype) -> 
     if mode == "off":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def _with_lora(model: Any, settings: Settings) -> Any:
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only the LoRA path needs peft
-
-    lora = settings.sft.lora
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
 
 
 def load_train_examples(corpus_dir: str | Path, settings: Settings) -> list[Example]:
@@ -379,16 +372,12 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
                                        fmt=rewards.get(settings.rl.recipe).fmt)
     encoded, groups, dropped = _encode(conversations, tokenizer, sft.max_seq_len)
     if sft.lora.enabled:
-        model = _with_lora(model, settings)
+        model = with_lora(model, sft.lora)
     trained = _train(model, tokenizer, encoded, groups, settings, progress)
 
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
-    if sft.lora.enabled:
-        model.save_pretrained(str(out / "adapter"))
-        model = model.merge_and_unload()
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    save_policy(model, tokenizer, out)
     counts = {"plain": sum(c.kind == "plain" for c in conversations),
               "revision": sum(c.kind == "revision" for c in conversations), "trained": len(encoded)}
     seconds = time.perf_counter() - started
@@ -459,7 +448,8 @@ def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]
             for group in optimizer.param_groups:
                 group["lr"] = sft.lr * schedule_factor(at, sft.warmup_ratio)
             with autocast:
-                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id)
+                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id,
+                                             chunk_mb=sft.logits_chunk_mb)
                 total_loss = loss
                 if sft.copy_rows:
                     # A token no SFT target holds (a piece of an unseen database's name) only ever has

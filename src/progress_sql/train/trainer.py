@@ -68,7 +68,10 @@ from progress_sql.train.checkpoint import (
     save_checkpoint,
 )
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
-from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss, token_logprobs
+from progress_sql.train.logprobs import token_logprobs
+from progress_sql.train.lora import adapters_disabled, with_lora
+from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss
+from progress_sql.train.packing import TokenBatch, micro_batches, token_batch, use_packed_attention
 from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory
 
 log = logging.getLogger(__name__)
@@ -127,53 +130,10 @@ def step_seed(seed: int, step: int, rank_: int = 0) -> int:
     return int(np.random.SeedSequence([seed, step, rank_]).generate_state(1)[0])
 
 
-def micro_batches(lengths: list[int], max_sequences: int, max_tokens: int) -> list[list[int]]:
-    """Indices of the micro-batches of one batch, sequences sorted by length (less padding).
-    ``max_tokens`` > 0: each holds as many as fit in that many padded tokens (rows × longest),
-    at least one; else ``max_sequences`` each. The loss is a sum over micro-batches, so how
-    the batch is cut does not change the gradient, only the memory and the speed."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    if max_tokens <= 0:
-        return [order[i:i + max_sequences] for i in range(0, len(order), max_sequences)]
-    chunks: list[list[int]] = [[]]
-    for i in order:  # ascending lengths: the newest is the longest of its chunk
-        if chunks[-1] and (len(chunks[-1]) + 1) * lengths[i] > max_tokens:
-            chunks.append([])
-        chunks[-1].append(i)
-    return chunks
-
-
-def collate(
-    trajs: list[TokenizedTrajectory], advantages: torch.Tensor, pad_id: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Right-padded tensors of a micro-batch: ids, attention, loss mask, sampler logp, advantages."""
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(trajs), width), dtype=torch.long)
-    mask = torch.zeros((len(trajs), width), dtype=torch.float32)
-    sampler = torch.zeros((len(trajs), width), dtype=torch.float32)
-    for r, t in enumerate(trajs):
-        n = len(t.input_ids)
-        ids[r, :n] = torch.tensor(t.input_ids)
-        attention[r, :n] = 1
-        mask[r, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        sampler[r, :n] = torch.tensor(t.old_logprobs, dtype=torch.float32)
-    mask[:, 0] = 0.0  # the first token has no context to be predicted from
-    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": mask.to(device),
-            "sampler_logp": sampler.to(device), "advantages": advantages.to(device)}
-
-
-def _causal_only(batch: dict[str, torch.Tensor]) -> None:
-    """The attention mask a forward over a ``collate`` batch needs: none. Rows are right-padded,
-    so under the causal mask no real token attends to a pad (pads only follow), positions count
-    from 0 as without padding, and pads are out of the loss; without a padding mask SDPA runs
-    its fused causal kernel (flash attention on a GPU) instead of a masked one."""
-    return None
-
-
 def micro_batch_loss(
-    forward: Callable[..., Any],
-    batch: dict[str, torch.Tensor],
+    forward: Any,
+    batch: TokenBatch,
+    advantages: torch.Tensor,
     old_logp: torch.Tensor | None,
     ref_logp: torch.Tensor | None,
     rl: RLSettings,
@@ -184,19 +144,19 @@ def micro_batch_loss(
     max_tokens: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats."""
-    logp = token_logprobs(forward, batch["input_ids"], _causal_only(batch), temperature, batch["loss_mask"])
+    logp = token_logprobs(forward, batch, temperature=temperature, chunk_mb=rl.logits_chunk_mb)
     if old_logp is None:  # one update per batch: the weights have not moved since sampling
         old_logp = logp.detach()
     common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
     if rl.spec.ratio == "sequence":
-        loss, stats = gspo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+        loss, stats = gspo_loss(logp, old_logp, ref_logp, advantages, batch.seq, **common,
                                 num_sequences=num_sequences)
     else:
-        loss, stats = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["loss_mask"], **common,
+        loss, stats = grpo_loss(logp, old_logp, ref_logp, advantages, batch.seq, **common,
                                 aggregation=rl.aggregation, num_sequences=num_sequences, num_tokens=num_tokens,
                                 max_tokens=max_tokens)
     # |trainer − sampler| log-prob summed over scored tokens (the logprob_gap metric)
-    stats["sampler_gap"] = float(((old_logp - batch["sampler_logp"]).abs() * batch["loss_mask"]).sum())
+    stats["sampler_gap"] = float((old_logp - batch.sampler_logp).abs().sum())
     return loss, stats
 
 
@@ -325,7 +285,7 @@ class RLRun:
     engine: Engine
     backend: GenerationBackend  # the sampler, holding the policy's current weights
     chat: ChatModel
-    reference: torch.nn.Module | None  # the frozen starting policy of the KL term (rl.kl_beta > 0)
+    reference: torch.nn.Module | None  # the frozen starting policy of the KL term (rl.kl_beta > 0, no LoRA)
     recipe: rewards.Recipe
     judge: Any  # Reasoning-SQL's LLM judge, or None
     env_factory: Callable[[], envs.Env]
@@ -391,12 +351,16 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
     model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
-    disable_dropout(model)
+    if rl.packing:
+        use_packed_attention(model)
     reference = None
-    if rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
+    if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
+        model = with_lora(model, rl.lora)
+    elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
         reference = copy.deepcopy(model).eval().requires_grad_(False)
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             reference = reference.to(torch.bfloat16)
+    disable_dropout(model)
     recipe = rewards.get(rl.recipe)
     # Reasoning-SQL's LLM judge, when its judge_backend names one (None: off, weight redistributed)
     judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
@@ -494,42 +458,60 @@ def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
 
 
 def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
-    """``rl.updates_per_batch`` passes over the batch's micro-batches (train mode), then the
-    sampler takes the new weights; the loss statistics, token-weighted over the passes."""
+    """``rl.updates_per_batch`` passes over the batch's micro-batches (train mode), the sampler
+    asleep (vLLM on a GPU frees its memory for the update); then the sampler wakes and takes the
+    new weights. The loss statistics, token-weighted over the passes."""
     rl, gen, engine = run.settings.rl, run.settings.generation, run.engine
     started = time.monotonic()
-    engine.module.train()
     trajs = batch.trajs
-    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens)
-    tensors = [collate([trajs[i] for i in c], batch.advantages[c], int(run.chat.tokenizer.pad_token_id),
-                       engine.device) for c in chunks]
+    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
+                           packed=rl.packing)
+    tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
+                          device=engine.device) for c in chunks]
+    advantages = [batch.advantages[c].to(engine.device) for c in chunks]
     num_tokens = float(sum(t.sampled_tokens for t in trajs))
-    with torch.no_grad():
-        # With one update per batch the loss's own forward gives the old log-probs (the
-        # weights do not change before the step): no extra forward pass.
-        old = ([None] * len(tensors) if rl.updates_per_batch == 1 else
-               [token_logprobs(engine, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
-                for b in tensors])
-        refs = [token_logprobs(run.reference, b["input_ids"], _causal_only(b), gen.temperature, b["loss_mask"])
-                if run.reference is not None else None for b in tensors]
     stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
-    for update in range(rl.updates_per_batch):
-        for k, (b, old_logp, ref_logp) in enumerate(zip(tensors, old, refs)):
-            loss, mb = micro_batch_loss(engine, b, old_logp, ref_logp, rl, temperature=gen.temperature,
-                                        num_sequences=len(trajs), num_tokens=num_tokens,
-                                        max_tokens=run.max_turns * gen.max_new_tokens)  # Dr.GRPO's constant
-            engine.backward(loss, last=k == len(tensors) - 1)
-            engine.step()
-            stats["loss"] += float(loss.detach()) / rl.updates_per_batch
-            for key in ("clip_frac", "kl", "ratio"):
-                stats[key] += mb[key] * mb["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
-            if update == 0:
-                stats["sampler_gap"] += mb["sampler_gap"]
-        with engine.gathered():
-            run.backend.sync_weights(engine.module)
-    stats.update(grad_norm=engine.grad_norm, micro_batches=len(tensors), update_s=time.monotonic() - started,
-                 num_tokens=num_tokens)
+    with run.backend.asleep():
+        engine.module.train()
+        with torch.no_grad():
+            # With one update per batch the loss's own forward gives the old log-probs (the
+            # weights do not change before the step): no extra forward pass.
+            old = ([None] * len(tokens) if rl.updates_per_batch == 1 else
+                   [token_logprobs(engine, b, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
+                    for b in tokens])
+            refs = [reference_logprobs(run, b) for b in tokens]
+        for update in range(rl.updates_per_batch):
+            for k, (b, adv, old_logp, ref_logp) in enumerate(zip(tokens, advantages, old, refs)):
+                loss, mb = micro_batch_loss(engine, b, adv, old_logp, ref_logp, rl, temperature=gen.temperature,
+                                            num_sequences=len(trajs), num_tokens=num_tokens,
+                                            max_tokens=run.max_turns * gen.max_new_tokens)  # Dr.GRPO's constant
+                engine.backward(loss, last=k == len(tokens) - 1)
+                engine.step()
+                stats["loss"] += float(loss.detach()) / rl.updates_per_batch
+                for key in ("clip_frac", "kl", "ratio"):
+                    stats[key] += mb[key] * mb["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
+                if update == 0:
+                    stats["sampler_gap"] += mb["sampler_gap"]
+        updated = time.monotonic()
+    with engine.gathered():
+        run.backend.sync_weights(engine.module)
+    model_tokens = sum(b.padded_tokens for b in tokens)
+    stats.update(grad_norm=engine.grad_norm, micro_batches=len(tokens), update_s=time.monotonic() - started,
+                 sync_s=time.monotonic() - updated, num_tokens=num_tokens,
+                 update_tokens=model_tokens, padding=1.0 - sum(b.real_tokens for b in tokens) / max(model_tokens, 1))
     return stats
+
+
+def reference_logprobs(run: RLRun, batch: TokenBatch) -> torch.Tensor | None:
+    """The KL reference's log-probabilities of ``batch``'s scored tokens (None when rl.kl_beta is
+    0): the frozen starting policy, or with LoRA the policy with its adapters disabled."""
+    rl, gen = run.settings.rl, run.settings.generation
+    if rl.kl_beta <= 0:
+        return None
+    if run.reference is not None:
+        return token_logprobs(run.reference, batch, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
+    with adapters_disabled(run.engine.module):
+        return token_logprobs(run.engine, batch, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
 
 
 def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -> dict[str, Any]:
@@ -557,7 +539,10 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
         "rollout_s": batch.rollout_s,
         "generate_s": batch.generate_s,  # of rollout_s, in the backend's generate
         "update_s": opt["update_s"],  # the optimisation passes and the weight sync
+        "sync_s": opt["sync_s"],  # of update_s, waking the sampler and loading the new weights into it
         "micro_batches": opt["micro_batches"],
+        "update_tokens": opt["update_tokens"],  # positions the update's forward passes ran over
+        "padding": opt["padding"],  # of those, the share that were padding (0 when packed)
     }
     if run.judge is not None:  # a judge that fails scores 0 and the step goes on: count both
         statuses = [str(r.info.get("judge", "")) for r in batch.scored]

@@ -94,6 +94,12 @@ class GenerationBackend(Protocol):
         place: under ZeRO-3, call it inside ``engine.gathered()`` (``train.distributed``)."""
         ...
 
+    def asleep(self) -> contextlib.AbstractContextManager:
+        """Inside (the trainer's update): the backend holds as little device memory as it can
+        (vLLM's sleep mode on a GPU); on exit it is awake, and its weights must be synced before
+        it generates again. A no-op where the backend holds nothing of its own."""
+        ...
+
     def reusing_prefixes(self) -> contextlib.AbstractContextManager:
         """Inside (one rollout, fixed weights): a prompt that extends an earlier sample is
         prefilled only past it, where the backend can (a no-op where it caches on its own)."""

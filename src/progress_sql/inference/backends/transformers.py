@@ -227,6 +227,10 @@ class TransformersBackend:
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
 
+    def asleep(self) -> contextlib.AbstractContextManager:
+        """Nothing to free: the generating model is the trainer's own."""
+        return contextlib.nullcontext()
+
     def close(self) -> None:
         """Nothing to release: the model is the caller's."""
 

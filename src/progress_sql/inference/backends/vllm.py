@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -111,7 +111,10 @@ class VLLMBackend:
         context = gen.max_prompt_tokens + gen.max_new_tokens
         with contextlib.suppress(OSError, ValueError, KeyError):
             context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
-        engine: dict[str, Any] = {"gpu_memory_utilization": own.gpu_memory_utilization}
+        self._sleep_level = 0 if cpu else own.sleep_level
+        self.freed_gib = 0.0  # device memory the last sleep freed (bench/gpu_check.py reports it)
+        engine: dict[str, Any] = {"gpu_memory_utilization": own.gpu_memory_utilization,
+                                  "enable_sleep_mode": self._sleep_level > 0}
         if cpu:
             # No chunked prefill on CPU: when a prompt's prefill is split over engine steps, the
             # worker rewinds the request's seeded generator with get_offset/set_offset, which a
@@ -281,6 +284,22 @@ class VLLMBackend:
             self._call("sync_weights", "reset_prefix_cache")
         finally:
             path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def asleep(self) -> Iterator[None]:
+        """vLLM's sleep mode for the duration, at ``generation.vllm.sleep_level`` (GPU; a no-op at
+        0 and on CPU); awake again on exit. Level 2 drops the weights: ``sync_weights`` after
+        this restores them, as the trainer does."""
+        if not self._sleep_level:
+            yield
+            return
+        free_before = torch.cuda.mem_get_info()[0]
+        self._call("sleep", "sleep", level=self._sleep_level)
+        self.freed_gib = (torch.cuda.mem_get_info()[0] - free_before) / 2**30
+        try:
+            yield
+        finally:
+            self._call("wake_up", "wake_up")
 
     def reusing_prefixes(self) -> contextlib.AbstractContextManager:
         """Nothing to do: the engine's prefix caching reuses a conversation's earlier turns."""

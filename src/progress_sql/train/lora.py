@@ -1,0 +1,51 @@
+"""LoRA adapters (peft) for SFT and RL, and saving a policy so that every later stage loads it as
+a plain model.
+
+With ``sft.lora`` / ``rl.lora`` the base weights stay frozen and only the adapters train (the
+optimiser holds them alone); RL's KL reference is then the same model with its adapters
+disabled (``adapters_disabled``), so no second copy of the weights is kept. ``save_policy``
+writes the adapters to ``<out>/adapter`` and the merged model to ``<out>``: ``eval``, the MLflow
+registry and vLLM load it like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from progress_sql.config import LoRASettings
+
+ADAPTER_DIR = "adapter"
+
+
+def is_lora(model: Any) -> bool:
+    """Whether ``model`` is a peft model holding adapters."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def with_lora(model: Any, lora: LoRASettings) -> Any:
+    """``model`` wrapped with fresh LoRA adapters on ``lora.targets``; only they require grad."""
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only the LoRA path needs peft
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: Any) -> Iterator[None]:
+    """The base model's function for the duration (the KL reference of LoRA RL)."""
+    with model.disable_adapter():
+        yield
+
+
+def save_policy(model: Any, tokenizer: Any, out: Path) -> None:
+    """``model`` as a ``save_pretrained`` folder with its tokenizer; a LoRA model's adapters go to
+    ``out/adapter`` and are then merged into it (in place: call it when training is over)."""
+    out = Path(out)
+    if is_lora(model):
+        model.save_pretrained(str(out / ADAPTER_DIR))
+        model = model.merge_and_unload()
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))

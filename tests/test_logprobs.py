@@ -1,0 +1,203 @@
+"""Scoring sampled tokens: packed and padded micro-batches, log-probabilities a chunk of the
+vocabulary projection at a time; each against the plain full-logits computation."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from progress_sql.config import RLSettings  # noqa: E402
+from progress_sql.train import packing  # noqa: E402
+from progress_sql.train.logprobs import chunk_tokens, head_bypassed, token_logprobs  # noqa: E402
+from progress_sql.train.packing import PACKED_ATTENTION, micro_batches, token_batch, use_packed_attention  # noqa: E402
+from progress_sql.train.trainer import micro_batch_loss  # noqa: E402
+from progress_sql.train.trajectories import TokenizedTrajectory  # noqa: E402
+
+VOCAB = 500
+
+
+def _model(seed: int = 0, **config) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    base = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**base, **config})).to(torch.float64)
+    use_packed_attention(model)
+    return model
+
+
+def _trajectories(seed: int = 1) -> list[TokenizedTrajectory]:
+    """Multi-turn-like records: a prompt (mask 0), sampled turns (1) and feedback between (0)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, turns in ((23, 1), (61, 3), (9, 1), (40, 2), (31, 2)):
+        ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        mask = [0] * n
+        for t in range(turns):  # the turns' tokens alternate with unscored feedback
+            start = n // 3 + t * (n - n // 3) // turns
+            mask[start:start + max(2, (n - n // 3) // turns - 3)] = [1] * max(2, (n - n // 3) // turns - 3)
+        mask = mask[:n]
+        sampler = [float(-0.1 * (i % 7)) if m else 0.0 for i, m in enumerate(mask)]
+        out.append(TokenizedTrajectory(ids, mask, sampler, 0.0, 0, turns))
+    return out
+
+
+def _reference(model, trajs, temperature=1.0) -> torch.Tensor:
+    """Each trajectory alone through the model, full logits, log-softmax, gathered: the scored
+    tokens' log-probabilities as they were computed before packing and chunking."""
+    out = []
+    for t in trajs:
+        logits = model(input_ids=torch.tensor([t.input_ids])).logits[0]
+        if temperature not in (0.0, 1.0):
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        out += [logp[k - 1, t.input_ids[k]] for k, m in enumerate(t.loss_mask) if m and k > 0]
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("chunk_mb", [0.0, 0.004])  # 0.004 MiB: two tokens' fp32 logits a chunk
+def test_scored_logprobs_equal_the_full_logits_computation(packed, chunk_mb):
+    model = _model()
+    trajs = _trajectories()
+    batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu")
+    assert batch.targets.numel() == sum(sum(t.loss_mask[1:]) for t in trajs)
+    got = token_logprobs(model, batch, temperature=0.7, chunk_mb=chunk_mb)
+    assert torch.allclose(got, _reference(model, trajs, 0.7), atol=1e-10, rtol=0)
+    assert chunk_tokens(VOCAB, chunk_mb) == (2 if chunk_mb else 2**62)
+
+
+def test_packed_and_chunked_gradients_equal_the_padded_full_ones():
+    """The loss and every parameter's gradient of one micro-batch: packed with chunked
+    log-probabilities (the head recomputed in the backward pass) against padded with the whole
+    projection at once."""
+    trajs = _trajectories()
+    rl = RLSettings()
+    adv = torch.tensor([0.5, -1.0, 2.0, -0.3, 0.8], dtype=torch.float64)
+    grads, losses = [], []
+    for packed, chunk_mb in ((False, 0.0), (True, 0.004)):
+        model = _model()
+        batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu")
+        rl.logits_chunk_mb = chunk_mb
+        old = batch.sampler_logp.to(torch.float64)  # off-policy by the sampler's numbers: ratios ≠ 1
+        loss, _ = micro_batch_loss(model, batch, adv, old, None, rl, temperature=1.0, num_sequences=5,
+                                   num_tokens=float(batch.targets.numel()), max_tokens=64)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert losses[0] == pytest.approx(losses[1], abs=1e-12)
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-10, rtol=1e-8), name
+
+
+def test_packed_forward_gets_no_dense_mask_and_generation_keeps_its_masks():
+    """Packed: the attention function sees the trajectories' bounds and no ``[tokens, tokens]``
+    mask; a left-padded generation batch on the same model still gets transformers' SDPA mask."""
+    model = _model()
+    seen = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append((attention_mask, kwargs.get("cu_seq_lens_q")))
+        return packing.packed_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(PACKED_ATTENTION, spy)
+    try:
+        batch = token_batch(_trajectories(), packed=True, pad_id=0, device="cpu")
+        token_logprobs(model, batch)
+        assert seen and all(mask is None and cu is not None for mask, cu in seen)
+        assert seen[0][1].tolist()[-1] == batch.input_ids.shape[1]
+        seen.clear()
+        ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+        attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        model(input_ids=ids, attention_mask=attention)
+        assert seen and all(mask is not None and cu is None for mask, cu in seen)
+    finally:
+        AttentionInterface.register(PACKED_ATTENTION, packing.packed_attention_forward)
+
+
+def test_head_is_bypassed_only_inside():
+    model = _model()
+    head = model.lm_head
+    with head_bypassed(model) as real:
+        assert real is head and model.lm_head is not head
+        assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 32)  # hidden states
+    assert model.lm_head is head and model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, VOCAB)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_head_in_bf16_autocast_matches_the_module_path(temperature):
+    """Under bf16 autocast (a GPU's precision) the chunked head computes in bf16 as the module
+    would, and its gradients agree with autograd through the module within bf16's precision."""
+    from progress_sql.train.logprobs import _chunk_logprobs, head_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, VOCAB, bias=False)
+    hidden = torch.randn(40, 32, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked = head_logprobs(head, hidden, targets, temperature=temperature, chunk_mb=0.02)
+        plain = _chunk_logprobs(head, hidden, targets, temperature)
+    assert chunked.dtype == plain.dtype == torch.float32
+    assert torch.allclose(chunked, plain, atol=2e-2)
+    (g_chunk_h, g_chunk_w) = torch.autograd.grad(chunked.sum(), (hidden, head.weight))
+    (g_plain_h, g_plain_w) = torch.autograd.grad(plain.sum(), (hidden, head.weight))
+    assert g_chunk_w.dtype == torch.float32
+    assert torch.allclose(g_chunk_h, g_plain_h, atol=5e-2, rtol=5e-2)
+    assert torch.allclose(g_chunk_w, g_plain_w, atol=5e-2, rtol=5e-2)
+
+
+def test_tied_embeddings_get_the_heads_gradient_through_chunks():
+    """Qwen2.5-0.5B and SmolLM2 tie the head to the input embeddings: chunked scoring must reach
+    the shared weight the same way the full computation does."""
+    trajs = _trajectories()
+    grads = []
+    for chunk_mb in (0.0, 0.004):
+        model = _model(tie_word_embeddings=True)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        batch = token_batch(trajs, packed=True, pad_id=0, device="cpu")
+        token_logprobs(model, batch, chunk_mb=chunk_mb).sum().backward()
+        grads.append(model.lm_head.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-10)
+
+
+class _Bigram(torch.nn.Module):
+    """A model whose logits at position t depend on token t only (no output head to bypass):
+    log-probs known by hand, computed from its own logits."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(table)
+
+    def forward(self, input_ids, **_):
+        return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+def test_a_model_without_a_separate_head_is_scored_from_its_logits():
+    table = torch.tensor([[0.0, 1.0, 2.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    traj = TokenizedTrajectory([0, 2, 2, 1], [0, 1, 1, 1], [0.0] * 4, 0.0, 0, 1)
+    batch = token_batch([traj], packed=True, pad_id=0, device="cpu")
+    lp = token_logprobs(_Bigram(table), batch)
+    expected = [float(torch.log_softmax(table[a], -1)[b]) for a, b in ((0, 2), (2, 2), (2, 1))]
+    assert lp.detach().tolist() == pytest.approx(expected, abs=1e-6)
+    hot = token_logprobs(_Bigram(table), batch, temperature=2.0)
+    assert hot[0].item() == pytest.approx(float(torch.log_softmax(table[0] / 2, -1)[2]), abs=1e-6)
+
+
+def test_micro_batches_by_sequences_real_tokens_or_padded_tokens():
+    lengths = [5, 30, 10, 12, 40, 8]
+    assert micro_batches(lengths, 4, 0, packed=True) == [[0, 5, 2, 3], [1, 4]]  # by length, 4 sequences each
+    assert micro_batches(lengths, 4, 60, packed=False) == [[0, 5, 2, 3], [1], [4]]  # rows × longest <= 60
+    assert micro_batches(lengths, 4, 60, packed=True) == [[0, 5, 2, 3], [1], [4]]  # 35 real; +30 > 60
+    assert micro_batches(lengths, 4, 70, packed=True) == [[0, 5, 2, 3, 1], [4]]  # 65 real tokens fit in 70
+    assert micro_batches(lengths, 4, 10_000, packed=False) == [[0, 5, 2, 3, 1, 4]]
+    assert micro_batches([100, 3], 4, 50, packed=True) == [[1], [0]]  # a sequence over the budget goes alone
+
+
+def test_padding_share_is_counted():
+    trajs = _trajectories()
+    packed = token_batch(trajs, packed=True, pad_id=0, device="cpu")
+    padded = token_batch(trajs, packed=False, pad_id=0, device="cpu")
+    assert packed.padded_tokens == packed.real_tokens == sum(len(t.input_ids) for t in trajs)
+    assert padded.padded_tokens == len(trajs) * max(len(t.input_ids) for t in trajs)
