@@ -15,7 +15,8 @@ demo (``preset`` cpu-demo, ``work_dir`` runs/demo: about a minute, nothing writt
 repository's data/, outputs/ or reports/); pick ``cpu-long`` and clear ``work_dir`` for the
 full CPU run. Runs execute in this process's machine, in the repository root, one at a time
 (``--limit``). ``compare-methods`` runs a comparison of configs/comparisons/ (the form:
-the comparison, the scale, seeds, budget), each arm × seed a task run.
+the comparison, the scale, the arms, the number of seeds, budget overrides), each arm × seed a
+task run.
 """
 
 from __future__ import annotations

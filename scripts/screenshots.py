@@ -1,11 +1,12 @@
 """Screenshots of the pipeline as a user sees it, taken with headless Chromium.
 
 Starts a throwaway stack (progress_sql.servers, as ``progress-sql ui`` does, with its state in a
-temporary folder): an MLflow server, a Prefect server and ``flows/serve.py``; runs the
-``training-pipeline`` deployment twice with the cpu-demo preset (about a minute each on a CPU;
-the second with the one-shot recipe, for a comparison), then photographs
+temporary folder): an MLflow server, a Prefect server and ``flows/serve.py``. ``pipeline``: runs
+the ``training-pipeline`` deployment twice with the cpu-demo preset (about a minute each on a
+CPU; the second with the one-shot recipe, for a comparison), then photographs
 
-    prefect-deployments.png   the Prefect UI's deployments page: the three served deployments
+    mlflow-home.png           MLflow's first page (the URL `progress-sql ui` prints)
+    prefect-deployments.png   the Prefect UI's deployments page: the four served deployments
     prefect-custom-run.png    training-pipeline → Run → Custom run: preset, work_dir, overrides, ...
     prefect-flow-run.png      the finished flow run: its stages (task runs) and state
     prefect-evaluation.png    the run's ``evaluation`` markdown artifact: the evaluation tables
@@ -14,9 +15,18 @@ the second with the one-shot recipe, for a comparison), then photographs
     mlflow-pipeline-run.png   the MLflow pipeline run of the first flow run: Prefect tags, stage runs
     mlflow-model.png          the registered model progress-sql-policy-demo: versions, @champion
 
+``compare``: runs the ``compare-methods`` deployment as its form does (the ``methods``
+comparison at the cpu-demo scale, arms progress-sql and oneshot, one seed: a few minutes), then
+
+    prefect-compare-form.png  compare-methods → Run → Custom run: the comparison, scale, arms, seeds
+    prefect-comparison.png    the run's ``comparison`` artifact: the table and the figures inlined
+    mlflow-comparison.png     the MLflow parent run compare-methods: the table, the budget, the arms
+    mlflow-compare-arms.png   MLflow's Compare view of the two arm runs: EX in the parallel
+                              coordinates, the key settings, the metrics, the reports side by side
+
 into docs/screenshots/ (palette PNGs, well under 300 KB each), and stops everything.
 
-    python scripts/screenshots.py [--out docs/screenshots] [--keep-state DIR]
+    python scripts/screenshots.py [--out docs/screenshots] [--keep-state DIR] [--only pipeline|compare]
 
 Needs Debian's ``chromium`` (``apt-get install chromium``); nothing leaves 127.0.0.1.
 """
@@ -31,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from progress_sql.servers import (
@@ -49,6 +60,19 @@ COMPARE_WINDOW = "1400,2400"
 MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
 # The two runs: the demo as the form starts it, and the same with the one-shot baseline.
 RUNS = ({}, {"rl.recipe": "oneshot", "rl.env": "single_turn"})
+# The comparison as a user picks it on the compare-methods form: two arms of `methods`, one seed.
+COMPARISON = {"comparison": "methods", "preset": "cpu-demo", "arms": ["progress-sql", "oneshot"], "seeds": 1}
+TALL_WINDOW = "1400,1700"  # the comparison artifact and the parent run: table, then figures or params
+WAIT_MS = 45000  # virtual time a page gets to fetch its data and fade in
+# Prefect 3.9's Custom run form dims itself after some idle seconds: photographed before that.
+FORM_WAIT_MS = 8000
+
+
+class Shot(NamedTuple):
+    name: str
+    url: str
+    window: str = WINDOW
+    wait_ms: int = WAIT_MS
 ML_VIEW = "workflowType=machine_learning"  # the "Model training" side of MLflow's GenAI / Model training toggle
 # MLflow 3.17 opens its Assistant side panel on a first visit to a localhost URL; the browser
 # reaches the MLflow server under this name instead (mapped to 127.0.0.1), so a screenshot
@@ -70,7 +94,7 @@ def chromium() -> str:
     sys.exit("error: no chromium on PATH (Debian: apt-get install chromium)")
 
 
-def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = 45000, window: str = WINDOW) -> None:
+def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = WAIT_MS, window: str = WINDOW) -> None:
     """One page at ``window`` size after ``wait_ms`` of virtual time (the UIs are single-page
     apps that fetch their data after loading, and fade in), shrunk to a palette PNG."""
     profile.mkdir(parents=True, exist_ok=True)
@@ -97,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots", help="where the PNGs go")
     parser.add_argument("--keep-state", type=Path, default=None,
                         help="keep the servers' state and the run's files here (default: a temporary folder)")
+    parser.add_argument("--only", choices=("pipeline", "compare"), default=None,
+                        help="take one set of screenshots (default: both)")
     args = parser.parse_args(argv)
     browser = chromium()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -109,41 +135,82 @@ def main(argv: list[str] | None = None) -> None:
                 prefect_server(state / "prefect", home=state / "prefect" / "prefect-home",
                                extra_env=FAST_POLL) as stack, \
                 served_deployments(stack, DEPLOYMENTS, extra_env={"MLFLOW_TRACKING_URI": mlflow.url}) as served:
-            ids = served.ids
-            print(f"Prefect {stack.url}, MLflow {mlflow.url}; running training-pipeline twice ...")
-            run_ids = []
-            for overrides in RUNS:
-                run_id = create_flow_run(stack, ids["training-pipeline"],
-                                         {"preset": "cpu-demo", "work_dir": str(state / "work"), "overrides": overrides})
-                run = wait_for_flow_run(stack, run_id, timeout_s=600)
-                if run["state"]["type"] != "COMPLETED":
-                    sys.exit("the run did not complete:\n" + "\n".join(flow_run_logs(stack, run_id)[-30:]))
-                print(f"run {run['name']} {overrides or '(the form as it starts)'} completed, "
-                      f"{time.monotonic() - started:.0f} s in")
-                run_ids.append(run_id)
-            artifact = _artifact_id(stack.api, run_ids[0], "evaluation")
-            experiment, pipeline_runs = _pipeline_runs(mlflow.url, run_ids)
-            mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
-            compared = quote(json.dumps(pipeline_runs)), quote(json.dumps([experiment]))
+            print(f"Prefect {stack.url}, MLflow {mlflow.url}")
+            shots = []
+            if args.only in (None, "pipeline"):
+                shots += _pipeline_shots(stack, mlflow, served.ids, state, started)
+            if args.only in (None, "compare"):
+                shots += _compare_shots(stack, mlflow, served.ids, state, started)
             profile = state / "chromium-profile"
-            shots = [
-                ("prefect-deployments.png", f"{stack.url}/deployments"),
-                ("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run"),
-                ("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_ids[0]}"),
-                ("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
-                ("mlflow-training-runs.png", f"{mlflow_ui}/#/experiments/{experiment}/runs?{ML_VIEW}"),
-                # tall: the page goes on to the params, the metrics and the tags (data_version) of both runs
-                ("mlflow-compare.png",
-                 f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}&{ML_VIEW}", COMPARE_WINDOW),
-                ("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_runs[0]}?{ML_VIEW}"),
-                ("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}?{ML_VIEW}"),
-            ]
-            for name, url, *window in shots:
-                screenshot(browser, url, args.out / name, profile, window=window[0] if window else WINDOW)
+            for shot in shots:
+                screenshot(browser, shot.url, args.out / shot.name, profile, wait_ms=shot.wait_ms, window=shot.window)
     finally:
         if args.keep_state is None:
             shutil.rmtree(state, ignore_errors=True)
     print(f"done in {time.monotonic() - started:.0f} s")
+
+
+def _run(stack: Any, deployment_id: str, parameters: dict[str, Any], started: float) -> str:
+    """A run of a deployment as the form's Submit starts it, waited for; its id."""
+    run_id = create_flow_run(stack, deployment_id, parameters)
+    run = wait_for_flow_run(stack, run_id, timeout_s=1800)
+    if run["state"]["type"] != "COMPLETED":
+        sys.exit("the run did not complete:\n" + "\n".join(flow_run_logs(stack, run_id)[-30:]))
+    print(f"run {run['name']} {parameters} completed, {time.monotonic() - started:.0f} s in")
+    return run_id
+
+
+def _pipeline_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, started: float) -> list[Shot]:
+    print("running training-pipeline twice ...")
+    run_ids = [_run(stack, ids["training-pipeline"],
+                    {"preset": "cpu-demo", "work_dir": str(state / "work"), "overrides": overrides}, started)
+               for overrides in RUNS]
+    artifact = _artifact_id(stack.api, run_ids[0], "evaluation")
+    experiment, pipeline_runs = _pipeline_runs(mlflow.url, run_ids)
+    mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
+    compared = quote(json.dumps(pipeline_runs)), quote(json.dumps([experiment]))
+    return [
+        Shot("mlflow-home.png", f"{mlflow_ui}/"),
+        Shot("prefect-deployments.png", f"{stack.url}/deployments"),
+        Shot("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run",
+             wait_ms=FORM_WAIT_MS),
+        Shot("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_ids[0]}"),
+        Shot("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
+        Shot("mlflow-training-runs.png", f"{mlflow_ui}/#/experiments/{experiment}/runs?{ML_VIEW}"),
+        # tall: the page goes on to the params, the metrics and the tags (data_version) of both runs
+        Shot("mlflow-compare.png",
+             f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}&{ML_VIEW}", COMPARE_WINDOW),
+        Shot("mlflow-pipeline-run.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{pipeline_runs[0]}?{ML_VIEW}"),
+        Shot("mlflow-model.png", f"{mlflow_ui}/#/models/{MODEL}?{ML_VIEW}"),
+    ]
+
+
+def _compare_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, started: float) -> list[Shot]:
+    print(f"running compare-methods {COMPARISON} ...")
+    run_id = _run(stack, ids["compare-methods"], {**COMPARISON, "work_dir": str(state / "work-compare")}, started)
+    artifact = _artifact_id(stack.api, run_id, "comparison")
+    experiment, (parent,) = _pipeline_runs(mlflow.url, [run_id])
+    arms = _arm_runs(mlflow.url, experiment, parent)
+    mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
+    compared = quote(json.dumps(arms)), quote(json.dumps([experiment]))
+    return [
+        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['compare-methods']}/run",
+             wait_ms=FORM_WAIT_MS),
+        Shot("prefect-comparison.png", f"{stack.url}/artifacts/artifact/{artifact}", TALL_WINDOW),
+        Shot("mlflow-comparison.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{parent}?{ML_VIEW}", TALL_WINDOW),
+        Shot("mlflow-compare-arms.png",
+             f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}&{ML_VIEW}", COMPARE_WINDOW),
+    ]
+
+
+def _arm_runs(mlflow_url: str, experiment: str, parent: str) -> list[str]:
+    """The ids of a comparison's arm × seed runs, in the order they ran."""
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(mlflow_url).search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.`progress_sql.kind` = 'arm'",
+        order_by=["attributes.start_time ASC"])
+    return [r.info.run_id for r in runs]
 
 
 def _artifact_id(api: str, flow_run_id: str, key: str) -> str:

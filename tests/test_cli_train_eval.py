@@ -72,7 +72,7 @@ def stage_runs(name: str) -> list:
     exp = MlflowClient().get_experiment_by_name("cli-stages")
     if exp is None:  # no stage has opened a run yet
         return []
-    return [r for r in MlflowClient().search_runs([exp.experiment_id]) if r.info.run_name == name]
+    return [r for r in MlflowClient().search_runs([exp.experiment_id]) if r.data.tags.get("progress_sql.stage") == name]
 
 
 @pytest.mark.slow  # the tiny policy is built, warm-started and RL-trained (~30 s)

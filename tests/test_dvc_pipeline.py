@@ -128,7 +128,9 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     exp = client.get_experiment_by_name("progress-sql")
     runs = client.search_runs([exp.experiment_id])
     stage_runs = [r for r in runs if r.data.tags.get("progress_sql.kind") == "stage"]
-    assert sorted(r.info.run_name for r in stage_runs) == sorted(STAGES[1:])  # build_data is not a run
+    assert sorted(r.data.tags["progress_sql.stage"] for r in stage_runs) == sorted(STAGES[1:])  # build_data is not a run
+    # each named by its stage, the SFT also by the output format it teaches
+    assert sorted(r.info.run_name for r in stage_runs) == sorted(s if s != "sft" else "sft think_sql" for s in STAGES[1:])
     assert len({r.data.tags["mlflow.parentRunId"] for r in stage_runs}) == 1
     assert int(client.get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
 
