@@ -137,6 +137,27 @@ def test_eval_into_a_folder_being_written_is_refused(project, tmp_path):
     assert not out.exists()
 
 
+# issue 39: the refusal took 13-19 s: torch, transformers and MLflow were imported before the lock
+LOADED = ("import sys\nfrom progress_sql.cli import main\ntry:\n    main()\nfinally:\n    print('LOADED', "
+          "sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules), file=sys.stderr)")
+
+
+@pytest.mark.parametrize("command", [["train", "rl"], ["train", "sft"], ["eval", "--model", "oracle"]],
+                         ids=["train_rl", "train_sft", "eval"])
+def test_a_refused_writer_answers_before_torch_or_mlflow_load(project, tmp_path, command):
+    out = tmp_path / "busy"
+    with holder(out) as proc:
+        started = time.monotonic()
+        refused = subprocess.run([sys.executable, "-c", LOADED, *command, "--params", str(project / "params.yaml"),
+                                  "--out", str(out), "--no-progress", "--set", f"sft.init_from={project / 'base'}"],
+                                 env=ENV, capture_output=True, text=True, timeout=120)
+        elapsed = time.monotonic() - started
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert f"{out} is being written by another process (pid {proc.pid} on " in refused.stderr
+    assert "LOADED []" in refused.stderr  # what took the seconds was never imported
+    assert elapsed < 5.0  # a cold interpreter and the settings: ~0.5 s on 2 idle cores
+
+
 @pytest.mark.parametrize("under_dvc", [True, False])
 def test_a_command_started_by_dvc_dies_with_it(tmp_path, under_dvc):
     """``die_with_dvc``: under DVC (DVC_STAGE set) the command ends when its parent is killed;

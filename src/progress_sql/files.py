@@ -1,13 +1,17 @@
 """Atomic writers for the text, JSON and CSV files the stages leave behind (metrics, reports,
-plot data), the one-writer lock of an output folder, and the SQLite URI of a file path. The
-bottom of the import stack: it imports nothing from the package, so every layer may use it.
+plot data), the one-writer lock of an output folder, what a failed write means, and the SQLite
+URI of a file path. The bottom of the import stack: it imports nothing from the package, so
+every layer may use it.
 
 A file is written to a temporary sibling and renamed over its target, so a reader (DVC, a
-dashboard, a concurrent stage) never sees half a file.
+dashboard, a concurrent stage) never sees half a file, and a write that fails (a full disk, a
+read-only folder) leaves the old file as it was and raises an OSError naming the path, which
+the CLI prints as one line (``cli.common.os_error_line``).
 
 ``writer_lock(folder)``: a trainer or an evaluation holds its output folder's lock for the whole
 run, so a second one on the same folder stops at once, before writing anything, instead of
-interleaving its metrics, checkpoints and weights with the first's. The lock is
+interleaving its metrics, checkpoints and weights with the first's. Taking it also checks that
+an existing folder can be written. The lock is
 ``fcntl.flock`` on an open file: the kernel releases it when the process ends however it ends
 (SIGKILL too), so no stale lock outlives its holder; the file's text (pid, host, start time,
 command) only names the holder in the refusal.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import fcntl
 import io
 import json
@@ -30,11 +35,20 @@ from urllib.parse import unquote
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, creating its folder."""
+    """Write ``text`` to ``path`` atomically, creating its folder. On a failure (a full disk, a
+    read-only folder) the old file stays as it was, no temporary is left, and the OSError names
+    ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise named(err, path) from None
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -50,8 +64,11 @@ def write_json_lines(path: Path, rows: Iterable[dict[str, Any]], *, append: bool
         write_text(path, text)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:
+        raise named(err, path) from None
 
 
 def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -62,6 +79,42 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]
     for row in rows:
         writer.writerow({c: ("" if row.get(c) is None else row.get(c)) for c in columns})
     write_text(path, buf.getvalue())
+
+
+# ----------------------------------------------------------------------------- faults of the machine
+_FULL_BYTES = 1 << 20  # less room than this, after a write failed, means the disk is full
+
+
+def named(err: OSError, path: str | Path) -> OSError:
+    """``err`` with ``path`` as its file name when it has none (a write to an open file that
+    fails for want of space names no file)."""
+    if err.filename is None:
+        err = type(err)(err.errno, err.strerror or str(err), str(path))
+    return err
+
+
+def disk_full(path: str | Path) -> bool:
+    """Whether the file system holding ``path`` (or its nearest existing folder) has no room
+    left: the cause of a failed write that does not say why (torch's "unexpected pos")."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _FULL_BYTES
+
+
+def write_failure(err: BaseException, path: str | Path) -> BaseException:
+    """What a failed write of ``path`` should raise: an OSError naming ``path`` (ENOSPC when the
+    error did not say why but the disk is full), else ``err`` itself. Call it before removing
+    what was written: that frees the space."""
+    if isinstance(err, OSError):
+        return named(err, path)
+    if disk_full(path):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return err
 
 
 # ----------------------------------------------------------------------------- one writer per folder
@@ -104,6 +157,7 @@ def writer_lock(folder: str | Path) -> Iterator[Path]:
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        _probe_writable(Path(folder))
         yield path
     finally:
         # removed while still locked, and only when the path is still our file: a process that
@@ -112,6 +166,19 @@ def writer_lock(folder: str | Path) -> Iterator[Path]:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 path.unlink()
         os.close(fd)
+
+
+def _probe_writable(folder: Path) -> None:
+    """An OSError naming ``folder`` when it exists and cannot be written (a read-only mount, no
+    permission): now, rather than when the first checkpoint is due."""
+    if not folder.is_dir():
+        return
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise type(err)(err.errno, err.strerror or str(err), str(folder)) from None
 
 
 def _holder(raw: bytes) -> str:

@@ -7,8 +7,8 @@ call a stage and print or log its summary; how a failure ends (an exit code, a f
 theirs. A stage that raises leaves its MLflow run marked FAILED.
 
 A stage that writes a run folder (``sft``, ``train``, ``evaluate``) holds its writer lock
-(``files.writer_lock``) from before its MLflow run opens to its end: a second one on the same
-folder stops at once and leaves nothing behind.
+(``files.writer_lock``) from before torch and MLflow are imported and its MLflow run opens, to
+its end: a second one on the same folder stops within a second and leaves nothing behind.
 
 Heavy modules (torch, MLflow, Great Expectations) are imported inside the functions: the CLI
 imports this module for every command.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -84,18 +85,21 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     """``sft``: the warm start from ``sft.init_from`` into ``out`` (default ``sft.out_dir``);
     sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow.
     The result and its summary metrics."""
-    from progress_sql import rewards, tracking
+    from progress_sql import rewards
     from progress_sql.config import check_model_paths
     from progress_sql.corpus.integrity import require_intact
-    from progress_sql.tracking.stage_reports import sft_reports
-    from progress_sql.train.sft import METRICS_FILE, run_sft
 
     check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
     # named by the output format it teaches: a comparison trains one SFT per format
     run_name = f"sft {rewards.get(settings.rl.recipe).fmt}"
-    with writer_lock(out or settings.sft.out_dir), \
-            tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir), run_name=run_name):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(writer_lock(out or settings.sft.out_dir))  # before torch and MLflow load (seconds)
+        from progress_sql import tracking
+        from progress_sql.tracking.stage_reports import sft_reports
+        from progress_sql.train.sft import METRICS_FILE, run_sft
+
+        stack.enter_context(tracking.stage_run("sft", settings, corpus_dir=str(corpus_dir), run_name=run_name))
         result = run_sft(settings, corpus_dir, out_dir=out, progress=progress)
         summary = sft_reports(result, Path(report_dir))
         for step, loss in enumerate(result.losses, start=1):
@@ -113,12 +117,8 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
     was trained the same way (``resume="auto"``, the DVC stage) or from a checkpoint folder.
     Each step's metrics go to MLflow as ``rl/<key>``, then to ``on_step`` when given; rl.json
     and rl_curve.csv go to ``report_dir``. The result and its summary metrics."""
-    from progress_sql import tracking
     from progress_sql.config import check_model_paths
     from progress_sql.corpus.integrity import require_intact
-    from progress_sql.tracking.stage_reports import rl_reports
-    from progress_sql.train.distributed import rank
-    from progress_sql.train.trainer import run_rl
 
     def log_step(step: int, metrics: dict[str, Any]) -> None:
         tracking.log_step_metrics({f"rl/{k}": v for k, v in metrics.items() if k != "step"}, step)
@@ -127,9 +127,16 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
 
     check_model_paths(settings, "rl.init_from")  # a preset's missing model: at once, naming it
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
-    # only rank 0 writes the run folder (one lock per run, however many processes train)
-    lock = writer_lock(out or settings.rl.out_dir) if rank() == 0 else contextlib.nullcontext()
-    with lock, tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)):
+    with contextlib.ExitStack() as stack:
+        # only rank 0 writes the run folder (one lock per run, however many processes train); RANK
+        # read as train.distributed.rank reads it, before torch and MLflow load (seconds)
+        if int(os.environ.get("RANK", "0")) == 0:
+            stack.enter_context(writer_lock(out or settings.rl.out_dir))
+        from progress_sql import tracking
+        from progress_sql.tracking.stage_reports import rl_reports
+        from progress_sql.train.trainer import run_rl
+
+        stack.enter_context(tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)))
         result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step)
         summary = rl_reports(result, Path(report_dir))
         tracking.log_metrics(summary)
@@ -143,12 +150,15 @@ def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Seq
     ``splits`` (empty: ``eval.splits``); the files go to ``out_dir`` and, but for the
     predictions, to the stage run's artifacts (``eval/``); the flat metrics to the stage run
     and its pipeline run."""
-    from progress_sql import tracking
     from progress_sql.corpus.integrity import require_intact
-    from progress_sql.eval.runner import run_eval
 
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
-    with writer_lock(out_dir), tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(writer_lock(out_dir))  # before torch and MLflow load (seconds)
+        from progress_sql import tracking
+        from progress_sql.eval.runner import run_eval
+
+        stack.enter_context(tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)))
         local = str(tracking.local_model_dir(model, settings)) if tracking.is_registry_uri(model) else model
         tracking.log_params({"eval.model": model})
         result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)

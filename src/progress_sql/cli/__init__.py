@@ -7,7 +7,7 @@ import importlib.util
 
 import typer
 
-from progress_sql.cli.common import PRESET_HELP, set_preset
+from progress_sql.cli.common import PRESET_HELP, Commands, set_preset
 from progress_sql.cli.compare import compare
 from progress_sql.cli.odt import app as odt_app
 from progress_sql.cli.preset import app as preset_app
@@ -17,6 +17,7 @@ app = typer.Typer(
     help="Multi-turn RL post-training for Text-to-SQL (Progress-SQL and baselines).",
     no_args_is_help=True,
     add_completion=False,
+    cls=Commands,
 )
 app.add_typer(odt_app, name="odt")
 app.add_typer(preset_app, name="preset")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import click
 import typer
 import yaml
+from typer.core import TyperGroup
 
 from progress_sql.config import (
     Settings,
@@ -67,20 +71,80 @@ def load_or_exit(params: str, overrides: dict | None = None, preset: str | None 
         raise typer.Exit(2) from None
 
 
+# The errors a stage reports as one line (exit 1), named "module:Class". They are looked up when
+# a stage fails, and only in modules already imported (an error of a module that was never
+# imported cannot have been raised): entering a stage imports nothing, so a refused second
+# writer answers before torch or MLflow are loaded.
+STAGE_ERRORS = ("progress_sql.corpus.records:CorpusError", "progress_sql.tracking.mlflow_runs:TrackingError",
+                "progress_sql.files:FolderInUse", "progress_sql.sql.worker:SandboxUnavailable")
+# what the stages that load a policy report too
+POLICY_ERRORS = ("progress_sql.inference.models:PolicyLoadError", "progress_sql.inference.backends.base:NonFiniteLogits",
+                 "progress_sql.train.checkpoint:CheckpointError")
+
+
+def _imported(names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
+    import sys
+
+    found = []
+    for name in names:
+        module, _, cls = name.partition(":")
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], cls))
+    return tuple(found)
+
+
 @contextmanager
-def stage_or_exit(name: str, errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+def stage_or_exit(name: str, errors: tuple[str, ...] = (), writes: str | Path | None = None) -> Iterator[None]:
     """End the command with its message and exit code 1 when the stage run inside (a function
-    of ``progress_sql.stages``) fails in a way it reports: a CorpusError, an MLflow
-    TrackingError, a ValueError or FileNotFoundError from the stage's checks, or one of
-    ``errors``. The stage's MLflow run is already marked FAILED when the error gets here."""
-    from progress_sql.corpus.records import CorpusError
-    from progress_sql.tracking import TrackingError
+    of ``progress_sql.stages``) fails in a way it reports: one of ``STAGE_ERRORS`` (a
+    CorpusError, an MLflow TrackingError, a FolderInUse, a SandboxUnavailable), a ValueError or
+    FileNotFoundError from the stage's checks, or one of ``errors`` ("module:Class"). Any other
+    error while the disk holding ``writes`` (the stage's output folder) is full is that: a
+    library that fails to write does not always say why (safetensors, torch). An OSError goes on
+    to ``Commands``. The stage's MLflow run is already marked FAILED when the error gets here."""
+    from progress_sql.files import disk_full
 
     try:
         yield
-    except (CorpusError, TrackingError, ValueError, FileNotFoundError, *errors) as err:
-        typer.echo(f"error: stage {name} failed: {err}", err=True)
-        raise typer.Exit(1) from None
+    except Exception as err:
+        if isinstance(err, (ValueError, FileNotFoundError, *_imported((*STAGE_ERRORS, *errors)))):
+            typer.echo(f"error: stage {name} failed: {err}", err=True)
+            raise typer.Exit(1) from None
+        if not isinstance(err, OSError) and writes is not None and disk_full(writes):
+            typer.echo(os_error_line(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(writes))), err=True)
+            raise typer.Exit(1) from None
+        raise
+
+
+# ----------------------------------------------------------------------------- faults of the machine
+_WRITE_ERRNOS = {"EROFS", "ENOSPC", "EDQUOT", "EFBIG"}
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an error of the machine (a read-only folder, a full disk, a missing
+    permission): the path and the cause, as ``error: cannot write PATH: Read-only file system``."""
+    path = err.filename if err.filename is not None else "?"
+    if err.filename2 is not None:
+        path = f"{path} → {err.filename2}"
+    cause = err.strerror or str(err)
+    if errno.errorcode.get(err.errno) in _WRITE_ERRNOS:
+        return f"error: cannot write {path}: {cause}"
+    return f"error: {path}: {cause}"
+
+
+class Commands(TyperGroup):
+    """The command group: an OSError that reaches it (the machine's fault, not the input's) ends
+    the command with ``os_error_line`` and exit code 1 instead of a traceback. A broken pipe
+    (``progress-sql ... | head``) ends it quietly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise typer.Exit(1) from None
+        except OSError as err:
+            typer.echo(os_error_line(err), err=True)
+            raise typer.Exit(1) from None
 
 
 # ----------------------------------------------------------------------------- progress in a log

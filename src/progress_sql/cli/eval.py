@@ -10,8 +10,14 @@ from pathlib import Path
 import typer
 
 from progress_sql import stages
-from progress_sql.cli.common import SET_HELP, die_with_dvc, load_or_exit, parse_overrides, stage_or_exit
-from progress_sql.files import FolderInUse
+from progress_sql.cli.common import (
+    POLICY_ERRORS,
+    SET_HELP,
+    die_with_dvc,
+    load_or_exit,
+    parse_overrides,
+    stage_or_exit,
+)
 
 
 def evaluate(
@@ -26,13 +32,10 @@ def evaluate(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars"),
 ) -> None:
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
-    from progress_sql.inference.backends import NonFiniteLogits
-    from progress_sql.inference.models import PolicyLoadError
-
     die_with_dvc()
     settings = load_or_exit(params, parse_overrides(overrides))
     out_dir = Path(out or settings.eval.out_dir)
-    with stage_or_exit("evaluate", (PolicyLoadError, NonFiniteLogits, FolderInUse)):
+    with stage_or_exit("evaluate", POLICY_ERRORS, writes=out_dir):
         result = stages.evaluate(settings, model, Path(corpus or settings.data.out_dir), splits, out_dir,
                                  progress=progress)
     gate = settings.eval.gate_metric

@@ -12,8 +12,14 @@ from typing import Optional
 import typer
 
 from progress_sql import stages
-from progress_sql.cli.common import SET_HELP, die_with_dvc, load_or_exit, parse_overrides, stage_or_exit
-from progress_sql.files import FolderInUse
+from progress_sql.cli.common import (
+    POLICY_ERRORS,
+    SET_HELP,
+    die_with_dvc,
+    load_or_exit,
+    parse_overrides,
+    stage_or_exit,
+)
 
 app = typer.Typer(help="Build, warm-start (SFT) and RL-train the policy.", no_args_is_help=True)
 
@@ -22,12 +28,6 @@ CORPUS_HELP = "Corpus folder (default: data.out_dir)"
 REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / plots)"
 
 
-def _policy_errors() -> tuple[type[BaseException], ...]:
-    from progress_sql.train.checkpoint import CheckpointError
-    from progress_sql.inference.backends import NonFiniteLogits
-    from progress_sql.inference.models import PolicyLoadError
-
-    return (PolicyLoadError, NonFiniteLogits, CheckpointError, FolderInUse)
 
 
 @app.command("init")
@@ -40,7 +40,7 @@ def init(
 ) -> None:
     """Build the tiny policy: a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained."""
     settings = load_or_exit(params, parse_overrides(overrides))
-    with stage_or_exit("init_model", _policy_errors()):
+    with stage_or_exit("init_model", POLICY_ERRORS, writes=out or settings.model.base_dir):
         path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out, progress=progress)
     typer.echo(f"built {path} ({settings.model.arch}, {settings.model.num_layers} layers, "
                f"hidden {settings.model.hidden_size}, vocabulary {settings.model.vocab_size})")
@@ -65,7 +65,7 @@ def sft(
     """Supervised warm start on the train split (gold SQL in the recipe's tags, revision dialogues)."""
     die_with_dvc()
     settings = load_or_exit(params, parse_overrides(overrides))
-    with stage_or_exit("sft", _policy_errors()):
+    with stage_or_exit("sft", POLICY_ERRORS, writes=out or settings.sft.out_dir):
         result, _ = stages.sft(settings, Path(corpus or settings.data.out_dir), out=out, report_dir=report_dir,
                                progress=progress)
     copy = f", copy loss {result.final_copy_loss:.3f}" if result.copy_losses else ""
@@ -96,7 +96,7 @@ def rl(
                                  param_hint="--auto-resume")
     settings = load_or_exit(params, parse_overrides(overrides))
     start: bool | str | Path = Path(resume_from) if resume_from else "auto" if auto_resume else resume
-    with stage_or_exit("train", _policy_errors()):
+    with stage_or_exit("train", POLICY_ERRORS, writes=out or settings.rl.out_dir):
         result, summary = stages.train_rl(settings, Path(corpus or settings.data.out_dir), out=out, resume=start,
                                           report_dir=report_dir, progress=progress)
     typer.echo(f"rl: {result.steps} steps ({settings.rl.recipe}, {settings.rl.env}, {settings.rl.algorithm}) on "

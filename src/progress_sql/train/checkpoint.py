@@ -3,7 +3,10 @@
     engine state     model, optimizer and LR schedule (DeepSpeed's files, or engine.pt)
     rng-rank<r>.pt   python / numpy / torch (and CUDA) random states of each rank
     trainer_state.json  step, data position, metrics history (written last: its presence
-                        marks a complete checkpoint, so a crash mid-save is never resumed)
+                        marks a complete checkpoint)
+
+A checkpoint is written to a hidden ``.step-N.partial`` folder and renamed to ``step-N`` once
+complete, so a save cut short (a full disk, a kill) never leaves a ``step-N`` behind.
 
 Only the newest ``keep`` complete checkpoints stay. A resume reads and checks every file of a
 checkpoint before it applies any (``read_checkpoint``): a corrupt one is refused, naming the
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from progress_sql.files import write_failure
 from progress_sql.train.distributed import Engine, rank
 
 STATE_FILE = "trainer_state.json"
@@ -83,19 +87,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(engine: Engine, out_dir: str | Path, step: int, trainer_state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint ``step`` (every rank calls this: DeepSpeed saves collectively) and drop
-    all but the newest ``keep``. ``trainer_state`` must be JSON-serialisable."""
+    all but the newest ``keep``. ``trainer_state`` must be JSON-serialisable.
+
+    Everything is written to ``.step-N.partial`` and renamed to ``step-N`` when complete, so a
+    save cut short (a full disk, a kill) leaves no ``step-N`` behind, only the hidden partial
+    folder that the next save of any step replaces; older checkpoints are dropped only after the
+    new one is complete. A failed write raises an OSError naming the checkpoint (ENOSPC when
+    torch's own error does not say that the disk is full)."""
     path = checkpoint_path(out_dir, step)
-    if rank() == 0 and path.exists():
-        shutil.rmtree(path)  # a stale, incomplete save of the same step
-    _barrier()
-    path.mkdir(parents=True, exist_ok=True)
-    engine.save(path)
-    torch.save(rng_state(), path / f"rng-rank{rank()}.pt")
-    _barrier()
+    partial = path.with_name(f".{path.name}.partial")
     if rank() == 0:
-        tmp = path / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps({**trainer_state, "step": step}, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(path / STATE_FILE)
+        for stale in checkpoints_dir(out_dir).glob(".step-*.partial"):  # of a save cut short
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir(parents=True)
+    _barrier()
+    try:
+        engine.save(partial)
+        torch.save(rng_state(), partial / f"rng-rank{rank()}.pt")
+        _barrier()
+        if rank() == 0:
+            (partial / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1, sort_keys=True),
+                                              encoding="utf-8")
+    except Exception as err:  # noqa: BLE001 - torch reports a full disk as a RuntimeError
+        failure = write_failure(err, path)
+        if rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        if failure is err:
+            raise
+        raise failure from err
+    if rank() == 0:
+        if path.exists():  # this step saved before (a run resumed from an older checkpoint)
+            shutil.rmtree(path)
+        partial.rename(path)
         for old in list_checkpoints(out_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
