@@ -84,3 +84,27 @@ def test_sparkline_spans_the_range_and_buckets_long_rows():
     assert sparkline([2.0, 2.0]) == SPARKS[len(SPARKS) // 2] * 2
     long = sparkline(list(range(100)), width=10)
     assert len(long) == 10 and long[0] == SPARKS[0] and long[-1] == SPARKS[-1]
+
+
+def test_every_stage_command_takes_no_progress():
+    # issue 39: `data validate --no-progress` was refused; a script passes it to every stage
+    from progress_sql.cli import app
+
+    runner = CliRunner()
+    for command in (["data", "build"], ["data", "import"], ["data", "validate"], ["train", "init"], ["train", "sft"],
+                    ["train", "rl"], ["eval"]):
+        result = runner.invoke(app, [*command, "--help"], terminal_width=200)
+        assert result.exit_code == 0 and "--no-progress" in result.output, command
+
+
+def test_a_model_folder_that_does_not_exist_is_named_not_read_as_a_hub_id(tmp_path):
+    # issue 39: `eval --model outputs/rl/fnal` answered "Repo id must be in the form ..."
+    from progress_sql.cli import app
+
+    for command in (["eval", "--model", "outputs/rl/fnal", "--out", str(tmp_path / "eval")],
+                    ["ask", "How many?", "--model", "./outputs/rl/fnal", "--db", str(tmp_path / "x.sqlite")]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert f"error: --model {command[command.index('--model') + 1]}: no such folder" in result.output
+        assert "Repo id" not in result.output
+    assert not (tmp_path / "eval").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
+from progress_sql.cli.common import SET_HELP, load_or_exit, model_or_exit, parse_overrides
 
 
 def ask(
@@ -24,6 +24,7 @@ def ask(
     from progress_sql.tracking import TrackingError
 
     settings = load_or_exit(params, parse_overrides(overrides))
+    model = model_or_exit(model)
     try:
         answer = stages.ask(settings, model, db, question, evidence=evidence)
     except (CorpusError, PolicyLoadError, TrackingError) as err:

@@ -93,6 +93,18 @@ def _imported(names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def model_or_exit(model: str) -> str:
+    """``model`` as given, or exit 2 naming it when it names a local folder (a path: absolute,
+    ./ ~, or under models/ or outputs/) that does not exist: a typo of a folder is not a hub id."""
+    from progress_sql.config import is_local_model_path
+
+    if is_local_model_path(model) and not Path(model).expanduser().exists():
+        typer.echo(f"error: --model {model}: no such folder (a local model folder; a hub id is ORG/NAME, "
+                   "a registered one models:/NAME@ALIAS)", err=True)
+        raise typer.Exit(2)
+    return model
+
+
 @contextmanager
 def stage_or_exit(name: str, errors: tuple[str, ...] = (), writes: str | Path | None = None) -> Iterator[None]:
     """End the command with its message and exit code 1 when the stage run inside (a function

@@ -15,6 +15,7 @@ from progress_sql.cli.common import (
     SET_HELP,
     die_with_dvc,
     load_or_exit,
+    model_or_exit,
     parse_overrides,
     stage_or_exit,
 )
@@ -34,6 +35,7 @@ def evaluate(
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
     die_with_dvc()
     settings = load_or_exit(params, parse_overrides(overrides))
+    model = model_or_exit(model)
     out_dir = Path(out or settings.eval.out_dir)
     with stage_or_exit("evaluate", POLICY_ERRORS, writes=out_dir):
         result = stages.evaluate(settings, model, Path(corpus or settings.data.out_dir), splits, out_dir,

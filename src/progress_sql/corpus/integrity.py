@@ -14,7 +14,9 @@ Two depths:
   imported corpus holds gigabytes (BIRD's train databases alone ~10 GB, SynSQL's thousands of
   files), which would cost minutes per run, while header + schema + size catch a missing,
   replaced or truncated file in milliseconds. On the default corpus (data/corpus: 8 databases,
-  20 neighbours, 5 MB) this check takes ~35 ms; the full one ~0.5 s.
+  20 neighbours, 5 MB) this check takes ~35 ms; the full one ~0.5 s. What it cannot see: rows
+  changed in place (an UPDATE keeps the row counts, and often the size), which pass it; only
+  the full check (``data validate``) finds them. The README says so where it describes it.
 * ``corpus_damage(..., full=True)`` (``data validate``): also every database's hash.
 
 A corpus without a manifest (built before it existed, or by hand) has nothing to compare its
