@@ -92,7 +92,7 @@ def compute_score(data_source: Any, solution_str: Any, ground_truth: Any, extra_
     """verl's custom reward function (module notes); ``recipe`` and ``settings`` (the task
     sections as a mapping) may come from ``custom_reward_function.reward_kwargs``, other
     keywords verl adds are ignored. Never raises for any row (an unknown recipe name, a
-    configuration error, raises KeyError)."""
+    configuration error, raises KeyError; a sandbox that cannot start, SandboxUnavailable)."""
     info = _info(extra_info)
     settings = task_settings(settings)
     try:
