@@ -176,8 +176,8 @@ def _one_bomb(db: str, sql: str, timeout_s: float) -> tuple[str, float, float]:
 
 
 def _descendants_peak_mb() -> float:
-    """The largest peak RSS (VmHWM) among this process's descendants: the pool's workers are the
-    forkserver's children, out of reach of RUSAGE_CHILDREN."""
+    """The largest peak RSS (VmHWM) among this process's descendants, read while they live (a
+    worker outlives no query here, so RUSAGE_CHILDREN would not have it yet)."""
     import psutil  # noqa: PLC0415
 
     peaks = [0.0]
