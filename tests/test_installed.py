@@ -86,3 +86,18 @@ def test_the_installed_package_finds_the_project_from_the_folder_it_runs_in(inst
     assert found.returncode == 0, found.stderr
     assert found.stdout.splitlines() == [str(project), "none: no flows/serve.py found: run this from the "
                                                        "progress-sql repository"]
+
+
+def test_the_installed_sandbox_worker_imports_the_installed_copy(installed, tmp_path):
+    # the worker is an interpreter of its own: it must import the caller's copy of the package
+    # (it refuses to serve another), here the installed one though an editable one is in the venv
+    import sqlite3
+
+    db = tmp_path / "t.sqlite"
+    sqlite3.connect(db).executescript("CREATE TABLE t (a INTEGER); INSERT INTO t VALUES (1), (2);")
+    code = ("import sys; from progress_sql.sql import execute_isolated; from progress_sql.sql.worker import "
+            "shared_worker_pid; r = execute_isolated(sys.argv[1], 'SELECT sum(a) FROM t'); "
+            "print(r.rows, r.error, shared_worker_pid() is not None)")
+    ran = run_installed(installed, tmp_path, "-c", code, str(db))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.split() == ["((3,),)", "None", "True"], ran.stdout + ran.stderr[-3000:]

@@ -228,3 +228,19 @@ def test_a_worker_that_cannot_start_is_an_error_naming_the_cause(caller_db: Path
     raised = [line for line in lines if line.startswith("RAISED")]
     assert [line.split()[1] for line in raised] == ["execution_match", "compute_score", "pool"], proc.stdout
     assert all(cause in line for line in raised), proc.stdout
+
+
+def test_a_worker_that_imported_another_copy_of_the_package_refuses_to_serve(caller_db: Path, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from progress_sql.sql import SandboxUnavailable
+    from progress_sql.sql.worker import Worker
+
+    other = tmp_path / "elsewhere" / "progress_sql" / "__init__.py"  # the copy the caller claims to be
+    monkeypatch.setattr(progress_sql, "__file__", str(other))
+    worker = Worker()
+    try:
+        with pytest.raises(SandboxUnavailable, match=f"not the caller's {other}"):
+            worker.run([(caller_db, "SELECT 1")])
+        assert worker.pid is None  # nothing left running
+    finally:
+        worker.close()

@@ -31,6 +31,7 @@ run in the calling process instead (no hard stop, no memory cap).
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import tempfile
@@ -65,9 +66,14 @@ def _package_root() -> str:
 
 def _child_env() -> dict[str, str]:
     """The caller's environment with its package root first on ``PYTHONPATH`` (a source checkout
-    or another copy than the installed one), so the worker imports the same ``progress_sql``."""
+    or another copy than the installed one), so the worker imports the same ``progress_sql``. A
+    root that is a site-packages folder is on the child's path already, in its place: put first,
+    it would put every package installed there before the standard library."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+    root = _package_root()
+    sites = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if os.path.realpath(root) not in sites:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
 
 
