@@ -195,6 +195,8 @@ def test_os_errors_read_as_one_line() -> None:
         "error: /data/run: Permission denied"
     assert os_error_line(OSError(errno.EXDEV, "Invalid cross-device link", "/a", None, "/b")) == \
         "error: /a → /b: Invalid cross-device link"
+    assert os_error_line(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")) == \
+        "error: Connection refused"
 
 
 def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:

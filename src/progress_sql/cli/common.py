@@ -135,10 +135,10 @@ _WRITE_ERRNOS = {"EROFS", "ENOSPC", "EDQUOT", "EFBIG"}
 def os_error_line(err: OSError) -> str:
     """One line for an error of the machine (a read-only folder, a full disk, a missing
     permission): the path and the cause, as ``error: cannot write PATH: Read-only file system``."""
-    path = err.filename if err.filename is not None else "?"
-    if err.filename2 is not None:
-        path = f"{path} → {err.filename2}"
-    cause = err.strerror or str(err)
+    cause = err.strerror or str(err) or type(err).__name__
+    if err.filename is None:  # a connection, a pipe: no path to name
+        return f"error: {cause}"
+    path = f"{err.filename} → {err.filename2}" if err.filename2 is not None else str(err.filename)
     if errno.errorcode.get(err.errno) in _WRITE_ERRNOS:
         return f"error: cannot write {path}: {cause}"
     return f"error: {path}: {cause}"
