@@ -86,8 +86,8 @@ def _comparison_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, 
     by_name = {r.info.run_name: r for r in children}
     assert len(by_name) == len(children)  # the names tell them apart
     assert all(r.data.tags["mlflow.source.name"] == parent.data.tags["mlflow.source.name"] for r in children)
-    if flow_run_id is None:  # the shared SFT, named by the format it teaches
-        assert by_name["sft think_sql"].data.tags["progress_sql.stage"] == "sft"
+    if flow_run_id is None:  # the shared SFT, named by the format it teaches and the arms it serves
+        assert by_name["sft think_sql (oneshot, single-turn)"].data.tags["progress_sql.stage"] == "sft"
     for arm, recipe in (("single-turn", "progress"), ("oneshot", "oneshot")):
         run = by_name[f"{arm} seed 1"]
         metrics = list(run.data.metrics)

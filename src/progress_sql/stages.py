@@ -81,18 +81,18 @@ def init_model(settings: Settings, corpus_dir: str | Path, out: str | Path | Non
 
 
 def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = None, report_dir: str | Path,
-        progress: bool = True) -> tuple[SFTResult, dict[str, float]]:
+        progress: bool = True, run_name: str | None = None) -> tuple[SFTResult, dict[str, float]]:
     """``sft``: the warm start from ``sft.init_from`` into ``out`` (default ``sft.out_dir``);
-    sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow.
-    The result and its summary metrics."""
+    sft.json and sft_loss.csv go to ``report_dir``, the loss curve and the summary to MLflow, in
+    a run named ``run_name`` (default ``sft <the output format it teaches>``). The result and its
+    summary metrics."""
     from progress_sql import rewards
     from progress_sql.config import check_model_paths
     from progress_sql.corpus.integrity import require_intact
 
     check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
-    # named by the output format it teaches: a comparison trains one SFT per format
-    run_name = f"sft {rewards.get(settings.rl.recipe).fmt}"
+    run_name = run_name or f"sft {rewards.get(settings.rl.recipe).fmt}"
     with contextlib.ExitStack() as stack:
         stack.enter_context(writer_lock(out or settings.sft.out_dir))  # before torch and MLflow load (seconds)
         from progress_sql import tracking

@@ -46,7 +46,7 @@ def shared_keys(plan: Plan) -> list[str]:
 
 def build_shared(plan: Plan, key: str, log: Log = print) -> str:
     """Build shared output ``key`` into ``SHARED/<key>`` unless it is there already; its folder."""
-    from progress_sql import stages
+    from progress_sql import rewards, stages
 
     path = plan.shared_dir / key
     marker = plan.shared_dir / f"{key}.done"
@@ -61,8 +61,10 @@ def build_shared(plan: Plan, key: str, log: Log = print) -> str:
         stages.build_data(settings, path, progress=False)
     elif kind == "tiny":
         stages.init_model(settings, settings.data.out_dir, path, progress=False)
-    else:
-        stages.sft(settings, settings.data.out_dir, out=path, report_dir=path / "report", progress=False)
+    else:  # its run named by the format it teaches and its arms: two arms of one format may need two
+        fmt = rewards.get(settings.rl.recipe).fmt
+        stages.sft(settings, settings.data.out_dir, out=path, report_dir=path / "report", progress=False,
+                   run_name=f"sft {fmt} ({', '.join(users)})")
     marker.write_text(json.dumps({"arms": users, "seconds": time.monotonic() - start}), encoding="utf-8")
     log(f"shared {key}: built in {time.monotonic() - start:.0f} s (arms {', '.join(users)})")
     return str(path)
