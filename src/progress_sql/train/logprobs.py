@@ -144,7 +144,8 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Te
     called as a module, so its hooks gather the weight, a chunk at a time and recomputed in the
     backward pass (activation checkpointing)."""
     weight = getattr(head, "weight", None)
-    size = chunk_tokens(weight.shape[0] if weight is not None else 1, chunk_mb)
+    vocab = getattr(weight, "ds_shape", getattr(weight, "shape", (1,)))[0]  # ZeRO-3 holds a partition: its full shape
+    size = chunk_tokens(vocab, chunk_mb)
     if isinstance(head, torch.nn.Linear) and not hasattr(weight, "ds_id"):
         device = hidden.device.type
         dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)

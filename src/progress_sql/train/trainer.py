@@ -498,7 +498,8 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
     model_tokens = sum(b.padded_tokens for b in tokens)
     stats.update(grad_norm=engine.grad_norm, micro_batches=len(tokens), update_s=time.monotonic() - started,
                  sync_s=time.monotonic() - updated, num_tokens=num_tokens,
-                 update_tokens=model_tokens, padding=1.0 - sum(b.real_tokens for b in tokens) / max(model_tokens, 1))
+                 update_tokens=model_tokens, padding=1.0 - sum(b.real_tokens for b in tokens) / max(model_tokens, 1),
+                 freed_gib=run.backend.freed_gib)
     return stats
 
 
@@ -543,6 +544,7 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
         "micro_batches": opt["micro_batches"],
         "update_tokens": opt["update_tokens"],  # positions the update's forward passes ran over
         "padding": opt["padding"],  # of those, the share that were padding (0 when packed)
+        "sampler/freed_gib": opt["freed_gib"],  # device memory the sampler freed for the update (vLLM asleep)
     }
     if run.judge is not None:  # a judge that fails scores 0 and the step goes on: count both
         statuses = [str(r.info.get("judge", "")) for r in batch.scored]

@@ -94,6 +94,8 @@ class GenerationBackend(Protocol):
         place: under ZeRO-3, call it inside ``engine.gathered()`` (``train.distributed``)."""
         ...
 
+    freed_gib: float  # device memory the last ``asleep()`` freed (0.0 where it frees nothing)
+
     def asleep(self) -> contextlib.AbstractContextManager:
         """Inside (the trainer's update): the backend holds as little device memory as it can
         (vLLM's sleep mode on a GPU); on exit it is awake, and its weights must be synced before

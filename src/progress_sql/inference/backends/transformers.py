@@ -227,6 +227,8 @@ class TransformersBackend:
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
 
+    freed_gib = 0.0  # asleep() frees nothing
+
     def asleep(self) -> contextlib.AbstractContextManager:
         """Nothing to free: the generating model is the trainer's own."""
         return contextlib.nullcontext()

@@ -37,27 +37,31 @@ class VLLMEngineDied(RuntimeError):
 
 
 def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
-    """``model``'s parameters under the names vLLM's ``load_weights`` takes (a PEFT model's
-    adapters merged into them). Under ZeRO-3 call it with the full parameters in place
-    (``engine.gathered()``): a partitioned parameter holds only this rank's share."""
+    """``model``'s parameters under the names vLLM's ``load_weights`` takes; a PEFT model's
+    adapters merged into copies of the weights they adapt (base + scale·B·A, computed aside: the
+    policy itself is never merged and unmerged, which would move its frozen weights by rounding
+    at every sync). Under ZeRO-3 call it with the full parameters in place (``engine.gathered()``):
+    a partitioned parameter holds only this rank's share."""
     if any(hasattr(p, "ds_id") and p.numel() != p.ds_numel for p in model.parameters()):
         raise RuntimeError("ZeRO-3 parameters are partitioned: sync the weights inside engine.gathered()")
-    peft = hasattr(model, "merge_adapter") and hasattr(model, "prefix")
+    peft = hasattr(model, "peft_config") and hasattr(model, "prefix")
+
+    def plain(name: str) -> str:
+        return name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
+
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if peft and (model.prefix in name or "original_module" in name):
+            continue  # the adapters themselves: vLLM has no such parameters
+        out[plain(name)] = param.detach().to("cpu").contiguous().clone()
     if peft:
-        model.merge_adapter()
-    try:
-        out: dict[str, torch.Tensor] = {}
-        for name, param in model.named_parameters():
-            if peft:
-                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-                if model.prefix in name or "original_module" in name:
-                    continue  # adapter weights are merged; vLLM has no such parameters
-                name = name.replace("modules_to_save.default.", "")
-            out[name] = param.detach().to("cpu").contiguous().clone()
-        return out
-    finally:
-        if peft:
-            model.unmerge_adapter()
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                    key = plain(name) + ".weight"
+                    delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                    out[key] = (out[key] + delta.to("cpu", out[key].dtype)).contiguous()
+    return out
 
 
 class VLLMBackend:
