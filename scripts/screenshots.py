@@ -34,6 +34,7 @@ Needs Debian's ``chromium`` (``apt-get install chromium``); nothing leaves 127.0
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 import subprocess
@@ -44,10 +45,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
+import httpx
+
 from progress_sql.servers import (
     DEPLOYMENTS,
     create_flow_run,
     flow_run_logs,
+    free_port,
     mlflow_server,
     prefect_server,
     served_deployments,
@@ -63,16 +67,13 @@ RUNS = ({}, {"rl.recipe": "oneshot", "rl.env": "single_turn"})
 # The comparison as a user picks it on the compare-methods form: two arms of `methods`, one seed.
 COMPARISON = {"comparison": "methods", "preset": "cpu-demo", "arms": ["progress-sql", "oneshot"], "seeds": 1}
 TALL_WINDOW = "1400,1700"  # the comparison artifact and the parent run: table, then figures or params
-WAIT_MS = 45000  # virtual time a page gets to fetch its data and fade in
-# Prefect 3.9's Custom run form dims itself after some idle seconds: photographed before that.
-FORM_WAIT_MS = 8000
+WAIT_S = 10.0  # the time a page gets to fetch its data and fade in
 
 
 class Shot(NamedTuple):
     name: str
     url: str
     window: str = WINDOW
-    wait_ms: int = WAIT_MS
 ML_VIEW = "workflowType=machine_learning"  # the "Model training" side of MLflow's GenAI / Model training toggle
 # MLflow 3.17 opens its Assistant side panel on a first visit to a localhost URL; the browser
 # reaches the MLflow server under this name instead (mapped to 127.0.0.1), so a screenshot
@@ -94,17 +95,73 @@ def chromium() -> str:
     sys.exit("error: no chromium on PATH (Debian: apt-get install chromium)")
 
 
-def screenshot(browser: str, url: str, out: Path, profile: Path, wait_ms: int = WAIT_MS, window: str = WINDOW) -> None:
-    """One page at ``window`` size after ``wait_ms`` of virtual time (the UIs are single-page
-    apps that fetch their data after loading, and fade in), shrunk to a palette PNG."""
-    profile.mkdir(parents=True, exist_ok=True)
-    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={window}",
-           f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"chromium failed on {url} ({done.returncode}):\n{done.stderr[-2000:]}")
-    _shrink(out)
-    print(f"  {out.name:26s} {out.stat().st_size // 1024:4d} KB  {url}")
+class Browser:
+    """Headless Chromium driven over its DevTools protocol (the websockets client Prefect brings):
+    a page gets ``wait_s`` of real time between loading and its photograph, so the single-page
+    apps have fetched their data and finished fading in (Chromium's own --screenshot with a
+    virtual-time budget caught Prefect's forms half faded, now and then)."""
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        self.binary, self.profile = binary, profile
+
+    def __enter__(self) -> "Browser":
+        self.profile.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        with (self.profile / "chromium.log").open("w") as log:
+            self.process = subprocess.Popen([self.binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
+                                             f"--remote-debugging-port={self.port}", "about:blank"],
+                                            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{self._http}/json/version", timeout=2).raise_for_status()
+                return self
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.__exit__()
+                    raise RuntimeError(f"chromium did not start: {(self.profile / 'chromium.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    @property
+    def _http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def screenshot(self, url: str, out: Path, window: str = WINDOW, wait_s: float = WAIT_S) -> None:
+        """``url`` in a new tab of ``window`` size, photographed after ``wait_s``, shrunk to a
+        palette PNG."""
+        from websockets.sync.client import connect
+
+        width, height = (int(v) for v in window.split(","))
+        tab = httpx.put(f"{self._http}/json/new?about:blank", timeout=30).json()
+        try:
+            with connect(tab["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+                def call(method: str, **params: Any) -> dict[str, Any]:
+                    ws.send(json.dumps({"id": 1, "method": method, "params": params}))
+                    while True:  # events come in between; the answer carries the id
+                        message = json.loads(ws.recv(timeout=120))
+                        if message.get("id") == 1:
+                            if "error" in message:
+                                raise RuntimeError(f"{method} on {url}: {message['error']}")
+                            return message["result"]
+
+                call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                     mobile=False)
+                call("Page.navigate", url=url)
+                time.sleep(wait_s)
+                png = base64.b64decode(call("Page.captureScreenshot", format="png")["data"])
+        finally:
+            httpx.get(f"{self._http}/json/close/{tab['id']}", timeout=30)
+        out.write_bytes(png)
+        _shrink(out)
+        print(f"  {out.name:26s} {out.stat().st_size // 1024:4d} KB  {url}")
 
 
 def _shrink(path: Path) -> None:
@@ -141,9 +198,9 @@ def main(argv: list[str] | None = None) -> None:
                 shots += _pipeline_shots(stack, mlflow, served.ids, state, started)
             if args.only in (None, "compare"):
                 shots += _compare_shots(stack, mlflow, served.ids, state, started)
-            profile = state / "chromium-profile"
-            for shot in shots:
-                screenshot(browser, shot.url, args.out / shot.name, profile, wait_ms=shot.wait_ms, window=shot.window)
+            with Browser(browser, state / "chromium-profile") as chrome:
+                for shot in shots:
+                    chrome.screenshot(shot.url, args.out / shot.name, shot.window)
     finally:
         if args.keep_state is None:
             shutil.rmtree(state, ignore_errors=True)
@@ -172,8 +229,7 @@ def _pipeline_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, s
     return [
         Shot("mlflow-home.png", f"{mlflow_ui}/"),
         Shot("prefect-deployments.png", f"{stack.url}/deployments"),
-        Shot("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run",
-             wait_ms=FORM_WAIT_MS),
+        Shot("prefect-custom-run.png", f"{stack.url}/deployments/deployment/{ids['training-pipeline']}/run"),
         Shot("prefect-flow-run.png", f"{stack.url}/runs/flow-run/{run_ids[0]}"),
         Shot("prefect-evaluation.png", f"{stack.url}/artifacts/artifact/{artifact}"),
         Shot("mlflow-training-runs.png", f"{mlflow_ui}/#/experiments/{experiment}/runs?{ML_VIEW}"),
@@ -194,8 +250,7 @@ def _compare_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, st
     mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
     compared = quote(json.dumps(arms)), quote(json.dumps([experiment]))
     return [
-        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['compare-methods']}/run",
-             wait_ms=FORM_WAIT_MS),
+        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['compare-methods']}/run"),
         Shot("prefect-comparison.png", f"{stack.url}/artifacts/artifact/{artifact}", TALL_WINDOW),
         Shot("mlflow-comparison.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{parent}?{ML_VIEW}", TALL_WINDOW),
         Shot("mlflow-compare-arms.png",
@@ -214,8 +269,6 @@ def _arm_runs(mlflow_url: str, experiment: str, parent: str) -> list[str]:
 
 
 def _artifact_id(api: str, flow_run_id: str, key: str) -> str:
-    import httpx
-
     rows = httpx.post(f"{api}/artifacts/filter", timeout=30,
                       json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "key": {"any_": [key]}}}).json()
     return rows[0]["id"]
