@@ -191,10 +191,10 @@ def _process_tags() -> dict[str, str]:
 
 def _source_tags() -> dict[str, str]:
     """What ran, on every run this module opens (MLflow would name the script that started the
-    interpreter: ``engine.py`` under Prefect, ``progress-sql`` for any command). The first run of a
-    process records its command line in ``PROGRESS_SQL_RUN_SOURCE``, so worker processes that it
-    spawns (whose own command line is Python's) name the same command."""
-    command = os.environ.setdefault(SOURCE_ENV, shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    interpreter: ``engine.py`` under Prefect, ``progress-sql`` for any command): what
+    ``run_source`` names, else this process's command line (a worker that multiprocessing spawns
+    is given its parent's)."""
+    command = os.environ.get(SOURCE_ENV) or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
     return {"mlflow.source.name": source_name(command), COMMAND_TAG: command}
 
 
