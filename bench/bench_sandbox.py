@@ -204,7 +204,7 @@ def _child(conn, fn, args) -> None:
 
 
 def _in_fresh_process(fn, *args):
-    """``fn(*args)`` in a new, non-daemonic process (a pool's workers need one): its peak is its own."""
+    """``fn(*args)`` in a new process: its peak memory is its own."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     proc = context.Process(target=_child, args=(send, fn, args))

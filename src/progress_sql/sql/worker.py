@@ -17,8 +17,9 @@ script's top level a second time. This one imports only the package (the caller'
 root leads the child's ``PYTHONPATH``; ``-P`` keeps the caller's folder off its path), reads no
 stdin and writes nothing to the caller's stdout; it talks over a socket pair of its own. Any
 process may start it: a script, ``python -c``, code on stdin, a notebook, a Ray worker, a
-daemonic multiprocessing child. A cold start costs about half a second (the interpreter and
-sqlglot): see bench/bench_sandbox.py.
+daemonic multiprocessing child. A cold start costs about a quarter of a second (the
+interpreter, pydantic and sqlglot; ``bench/bench_sandbox.py --only-starts``), which is why a
+killed worker's replacement is started at once.
 
 A worker that cannot start raises ``SandboxUnavailable`` naming the cause: a sandbox that is
 not there gives no verdict, never a "wrong" one.
