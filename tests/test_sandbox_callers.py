@@ -244,3 +244,33 @@ def test_a_worker_that_imported_another_copy_of_the_package_refuses_to_serve(cal
         assert worker.pid is None  # nothing left running
     finally:
         worker.close()
+
+
+def test_a_forked_copy_of_the_caller_gets_a_worker_of_its_own(caller_db: Path, tmp_path: Path) -> None:
+    # Sharing the parent's socket, two processes would read each other's results; and the copy
+    # must not stop the parent's worker when it exits.
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        from progress_sql.sql import execution_match
+        from progress_sql.sql.worker import shared_worker_pid
+        db = os.environ["CALLER_DB"]
+
+        def judged():
+            return execution_match(db, {RIGHT!r}, {GOLD!r}) and not execution_match(db, {WRONG!r}, {GOLD!r})
+
+        first = judged()
+        parent_worker = shared_worker_pid()
+        child = os.fork()
+        if child == 0:
+            print("CHILD " + json.dumps({{"ok": judged(), "worker": shared_worker_pid()}}), flush=True)
+            sys.exit(0)  # a normal exit: the interpreter's exit handlers run in the copy too
+        os.waitpid(child, 0)
+        print("RESULT " + json.dumps({{"ok": first and judged(), "worker": shared_worker_pid(),
+                                       "before": parent_worker}}), flush=True)
+    """)
+    proc = _run(["-c", code], caller_db, tmp_path)
+    child = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("CHILD "))[6:])
+    parent = _result(proc)
+    assert child["ok"] and parent["ok"], proc.stdout + proc.stderr[-3000:]
+    assert child["worker"] not in (None, parent["before"])  # its own worker
+    assert parent["worker"] == parent["before"]  # the parent's worker lived on, untouched

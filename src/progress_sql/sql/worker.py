@@ -101,13 +101,16 @@ def _tail(log: IO[bytes] | None) -> str:
     return lines[-1] if lines else ""
 
 
-def _reap(process: subprocess.Popen, conn: Connection, log: IO[bytes]) -> None:
-    """Stop one worker for good (also what a garbage-collected ``Worker`` or the interpreter's exit runs)."""
+def _reap(process: subprocess.Popen, conn: Connection, log: IO[bytes], owner: int) -> None:
+    """Stop one worker for good (also what a garbage-collected ``Worker`` or the interpreter's
+    exit runs). In a forked copy of its owner only the copies of its handles are closed: the
+    worker is the owner's."""
     conn.close()
-    if process.poll() is None:
-        process.kill()
-    process.wait()
     log.close()
+    if os.getpid() == owner:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
 
 
 class Worker:
@@ -121,6 +124,7 @@ class Worker:
         self._log: IO[bytes] | None = None  # the child's stderr, quoted when it dies
         self._ready = False
         self._reaper: weakref.finalize | None = None
+        self._owner = os.getpid()  # the process that started the worker
         self.stops = 0  # queries ended by killing the worker (for benches and tests)
 
     @property
@@ -147,14 +151,19 @@ class Worker:
         finally:
             child.close()
         self._process, self._conn, self._log, self._ready = process, parent, log, False
-        self._reaper = weakref.finalize(self, _reap, process, parent, log)
+        self._owner = os.getpid()
+        self._reaper = weakref.finalize(self, _reap, process, parent, log, self._owner)
         try:
             parent.send(self._settings)
         except OSError:
             pass  # it died at once: _connection() reports why
 
     def _connection(self) -> Connection:
-        """The ready child's socket, starting a child first when there is none."""
+        """The ready child's socket, starting a child first when there is none (or when this is a
+        forked copy of the process that started it: two processes on one socket would read each
+        other's results)."""
+        if self._owner != os.getpid():
+            self.close()
         if self._conn is None:
             self._launch()
         conn = self._conn
