@@ -427,9 +427,10 @@ def test_every_registered_backend_keeps_the_whole_protocol():
     from progress_sql.inference.settings import BACKENDS
 
     methods = {name for name, _ in inspect.getmembers(GenerationBackend, callable) if not name.startswith("_")}
-    assert methods == {"create", "generate", "sync_weights", "reusing_prefixes", "close"}
+    assert methods == {"create", "generate", "sync_weights", "asleep", "reusing_prefixes", "close"}
     for name in BACKENDS:
         assert all(callable(getattr(backend_class(name), m, None)) for m in methods), name
+        assert isinstance(getattr(backend_class(name), "freed_gib", None), float), name  # reported after asleep()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")

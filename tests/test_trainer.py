@@ -256,6 +256,43 @@ def test_only_sampled_tokens_are_scored_and_each_gets_a_gradient(warm):
 
 
 # ----------------------------------------------------------------------------- pieces
+def test_each_step_shows_a_few_episodes_turn_by_turn(warm, tmp_path):
+    """on_episodes gets rl.log_episodes episodes a step, best to worst reward: each turn's prompt
+    tail, output, the environment's feedback and the reward had the episode stopped there."""
+    corpus, policy = warm
+    s = school_settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.log_episodes = "never", 1, 3
+    shown: list[tuple[int, list[dict]]] = []
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False, on_episodes=lambda step, views: shown.append((step, views)))
+    [(step, views)] = shown
+    assert step == 1 and len(views) == 3
+    rewards = [row["reward"] for row in _rollout_rows(result.out_dir, 1)]
+    shown_rewards = [v["reward"] for v in views]
+    assert shown_rewards == sorted(shown_rewards, reverse=True)
+    assert shown_rewards[0] == max(rewards) and shown_rewards[-1] == min(rewards)
+    for view in views:
+        turns = view["turns"]
+        assert turns and [t["turn"] for t in turns] == list(range(1, len(turns) + 1))
+        assert turns[-1]["reward_so_far"] == view["reward"] and turns[-1]["correct"] == view["correct"]
+        assert all(t["feedback"] for t in turns[:-1])  # the ODT feedback the next turn answers
+        assert all(t["prompt_tail"] and t["output"] is not None for t in turns)
+        assert view["question"] and view["gold_sql"] and set(view["components"]) == set(rewards_of(s).components)
+
+
+def rewards_of(settings):
+    from progress_sql import rewards
+
+    return rewards.get(settings.rl.recipe)
+
+
+def test_spread_picks_best_worst_and_between():
+    from progress_sql.train.samples import spread
+
+    assert spread([0.1, 0.9, 0.5, 0.3, 0.7], 3) == [1, 2, 0]
+    assert spread([0.1, 0.9], 4) == [1, 0]
+    assert spread([1.0, 1.0, 0.0], 1) == [0]
+
+
 def test_question_stream_is_a_seeded_permutation_per_epoch():
     first = question_indices(5, 0, 5, seed=1)
     assert sorted(first) == list(range(5))

@@ -140,12 +140,12 @@ class TestEngine:
         assert [s.token_ids for s in _greedy(backend, prompts)] == [s.token_ids for s in before]
 
 
-def test_rl_with_vllm_rollouts_trains_syncs_each_update_and_a_killed_engine_fails_the_run(warm, tmp_path,
+def test_rl_with_vllm_rollouts_trains_syncs_each_step_and_a_killed_engine_fails_the_run(warm, tmp_path,
                                                                                          monkeypatch):
     corpus, policy = warm
     s = _settings(str(policy))
     s.generation.backend = "vllm"
-    s.rl.steps, s.rl.updates_per_batch = 3, 2  # two updates a step: one sync after each
+    s.rl.steps, s.rl.updates_per_batch = 3, 2  # two updates a step, then one sync: the engine waits on both
     start_model, tokenizer = load_policy(policy, dtype="float32", device="cpu")
     prompts = _prompts(tokenizer)
 
@@ -179,12 +179,13 @@ def test_rl_with_vllm_rollouts_trains_syncs_each_update_and_a_killed_engine_fail
     assert time.monotonic() - started < 300
     assert len(steps) == 2 and all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in steps)
 
-    # one sync per update, of the weights that update made (the step's checkpoint holds its second)
-    assert len(synced) == 2 * s.rl.updates_per_batch and len({id(b) for b, _ in synced}) == 1
+    # one sync per step, after its last update (the sampler generates nothing in between), of the
+    # weights the step's checkpoint holds
+    assert len(synced) == 2 and len({id(b) for b, _ in synced}) == 1
     start = load_file(str(policy / "model.safetensors"))
     sent = [start] + [w for _, w in synced]
     assert all(any(not torch.equal(new[k], old[k]) for k in start) for old, new in zip(sent, sent[1:]))
-    for step, weights in ((1, sent[2]), (2, sent[4])):
+    for step, weights in ((1, sent[1]), (2, sent[2])):
         saved = torch.load(tmp_path / "checkpoints" / f"step-{step}" / "engine.pt", weights_only=False)["model"]
         assert saved.keys() == weights.keys() and all(torch.equal(saved[k], weights[k]) for k in saved)
     got = engine_after_step_2

@@ -282,6 +282,7 @@ class RLSettings(_Section):
     deepspeed: Literal["auto", "always", "never"] = "auto"  # auto: DeepSpeed on GPU, plain torch on CPU
     deepspeed_config: str = "configs/deepspeed/zero2.json"
     save_rollouts: bool = True  # every step's episodes (texts, rewards, token ids) to rollouts/step-N.jsonl
+    log_episodes: int = Field(4, ge=0, le=64)  # episodes a step shown turn by turn in MLflow (best to worst); 0: none
     seed: int = Field(0, ge=0)
 
     @field_validator("recipe")

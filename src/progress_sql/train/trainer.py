@@ -72,6 +72,7 @@ from progress_sql.train.logprobs import token_logprobs
 from progress_sql.train.lora import adapters_disabled, with_lora
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss
 from progress_sql.train.packing import TokenBatch, micro_batches, token_batch, use_packed_attention
+from progress_sql.train.samples import episode_view, spread
 from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayo
 # decaying schedule, whose length it sets).
 FINGERPRINT_SECTIONS = ("seed", "rl", "generation", "env", "rewards", "odt", "sandbox")
 _NOT_FINGERPRINTED = {"rl.out_dir", "rl.init_from", "rl.steps", "rl.max_minutes", "rl.checkpoint_every",
-                      "rl.keep_checkpoints", "rl.save_rollouts"}
+                      "rl.keep_checkpoints", "rl.save_rollouts", "rl.log_episodes"}
 
 
 def run_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
@@ -567,15 +568,21 @@ def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch
 
 
 def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example], train_s: float) -> Path:
-    """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``)."""
-    final = run.out / "final"
+    """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``),
+    written under a temporary name and renamed when complete: a full disk leaves no half policy
+    where ``eval`` would load it."""
+    final, partial = run.out / "final", run.out / ".final.partial"
+    if run.main:
+        shutil.rmtree(partial, ignore_errors=True)
     run.engine.module.eval()
-    run.engine.save_pretrained(final, run.chat.tokenizer)
+    run.engine.save_pretrained(partial, run.chat.tokenizer)
     if run.main:
         summary = {"steps": state.step, "stopped_by": stopped_by, "engine": run.engine.kind,
                    "zero_stage": run.engine.zero_stage, "questions": len(train), "questions_s": train_s,
                    "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {}}
-        (final / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+        (partial / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
     return final
 
 
@@ -588,6 +595,7 @@ def run_rl(
     resume: bool | str | Path = False,
     progress: bool = True,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    on_episodes: Callable[[int, list[dict[str, Any]]], None] | None = None,
 ) -> RLResult:
     """Train ``settings.rl.init_from`` with RL on the train split of ``corpus_dir``.
 
@@ -597,7 +605,9 @@ def run_rl(
     newest checkpoint in ``out_dir`` (afresh when there is none); ``"auto"`` too, but only when
     that checkpoint has this run's ``run_fingerprint`` (else afresh; ``RLResult.start`` says
     which and why); a path continues from that checkpoint. Each checkpoint records the
-    fingerprint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging).
+    fingerprint. ``on_step(step, metrics)`` is called after every step (e.g. MLflow logging),
+    ``on_episodes(step, views)`` with ``rl.log_episodes`` of its episodes turn by turn
+    (``train.samples``; the train stage logs them to MLflow).
     The generation backend and the engine are closed however the run ends: a vLLM engine's
     processes stop, and a process group the run opened is destroyed.
     """
@@ -623,6 +633,10 @@ def run_rl(
             if run.main:
                 if on_step is not None:
                     on_step(state.step, metrics)
+                if on_episodes is not None and rl.log_episodes:
+                    on_episodes(state.step, [episode_view(batch.episodes[i], batch.scored[i], run.recipe, settings,
+                                                          state.step)
+                                             for i in spread([t.reward for t in batch.trajs], rl.log_episodes)])
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}",
                                 loss=f"{metrics['loss']:.4f}")

@@ -116,7 +116,6 @@ class VLLMBackend:
         with contextlib.suppress(OSError, ValueError, KeyError):
             context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
         self._sleep_level = 0 if cpu else own.sleep_level
-        self.freed_gib = 0.0  # device memory the last sleep freed (bench/gpu_check.py reports it)
         engine: dict[str, Any] = {"gpu_memory_utilization": own.gpu_memory_utilization,
                                   "enable_sleep_mode": self._sleep_level > 0}
         if cpu:
@@ -288,6 +287,8 @@ class VLLMBackend:
             self._call("sync_weights", "reset_prefix_cache")
         finally:
             path.unlink(missing_ok=True)
+
+    freed_gib = 0.0  # device memory the last sleep freed (the trainer's sampler/freed_gib metric)
 
     @contextlib.contextmanager
     def asleep(self) -> Iterator[None]:
