@@ -7,10 +7,11 @@ import random
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 from progress_sql.data.domains.spec import Column, Domain
 from progress_sql.data.generate_db import Rows
-from progress_sql.data.query import Col, Cond, Join
+from progress_sql.data.query import Agg, Col, Cond, Join, Select
 
 _FILTER_KINDS = ("category", "number", "year", "date", "flag", "label")
 _MEASURE_KINDS = ("number", "year")
@@ -212,6 +213,55 @@ def pick_category(ctx: DbContext, rng: random.Random, table: str) -> Column | No
     """A random text column of ``table`` with few distinct values: one to group by."""
     cols = [c for c in ctx.columns(table, ("category",)) if len(set(ctx.values(table, c.name))) <= _MAX_GROUPS]
     return rng.choice(cols) if cols else None
+
+
+def any_table(ctx: DbContext, rng: random.Random) -> str:
+    """A random table of the database, labelled or not."""
+    return rng.choice([x.name for x in ctx.domain.tables])
+
+
+def filtered_by(ctx: DbContext, rng: random.Random, table: str, column: Column | None,
+                counts: tuple[int, ...]) -> tuple[Cond, ...] | None:
+    """The preamble of the families over one column of ``table`` (a category to group by, a
+    measure to aggregate): ``rng.choice(counts)`` filters on its other columns; None when
+    ``column`` is None (nothing fits) or the filters cannot be drawn."""
+    if column is None:
+        return None
+    return pick_filters(ctx, rng, 0, table, rng.choice(counts), exclude=(column.name,))
+
+
+def over_one_table(pick: Callable[[DbContext, random.Random, str], Column | None], counts: tuple[int, ...] = ()):
+    """A family over one table: the decorated ``build(ctx, rng, table, column, conds)`` gets a
+    random table, the column ``pick`` chose there and, given ``counts``, ``filtered_by``'s
+    filters on its other columns (else none: ``()``). The sampler is None when nothing fits."""
+
+    def decorate(build: Callable[..., Select | None]) -> Callable[[DbContext, random.Random], Select | None]:
+        def sample(ctx: DbContext, rng: random.Random) -> Select | None:
+            table = any_table(ctx, rng)
+            column = pick(ctx, rng, table)
+            conds = filtered_by(ctx, rng, table, column, counts) if counts else ()
+            return None if column is None or conds is None else build(ctx, rng, table, column, conds)
+        return sample
+    return decorate
+
+
+def agg_fns(measure: Column, fns: tuple[str, ...] = ("AVG", "MAX", "MIN")) -> list[str]:
+    """The aggregate functions a question may ask of ``measure``: ``fns``, and SUM when it adds up."""
+    return [*fns] + (["SUM"] if measure.additive else [])
+
+
+def measure_or_count(rng: random.Random, measure: Column | None, share: float,
+                     fns: tuple[str, ...] = ("AVG", "MAX", "MIN")) -> Agg:
+    """An aggregate of ``measure`` (column 0) with probability ``share`` when there is one, else COUNT(*)."""
+    if measure is not None and rng.random() < share:
+        return Agg(rng.choice(agg_fns(measure, fns)), Col(0, measure.name))
+    return Agg("COUNT")
+
+
+def pick_path(ctx: DbContext, rng: random.Random, hops: int, **kw: bool | None) -> JoinPath | None:
+    """A random join path of ``paths_of(ctx, hops, **kw)``; None when there is none."""
+    paths = paths_of(ctx, hops, **kw)
+    return rng.choice(paths) if paths else None
 
 
 def paths_of(ctx: DbContext, hops: int, forward: bool | None = None, start_label: bool = True,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Callable
 
 from progress_sql.data.patterns.base import (
     agg_word, be_rel, column_of, family, most_words, path_np, path_of, superlative, tpl, where_np,
 )
 from progress_sql.data.patterns.context import (
-    DbContext, JoinPath, label_of, make_cond, paths_of, pick_filter, pick_filters, pick_measure, quantile,
+    DbContext, JoinPath, label_of, make_cond, measure_or_count, paths_of, pick_filter, pick_filters, pick_measure,
+    pick_path, quantile,
 )
 from progress_sql.data.patterns.single import ask_set_op, ask_vs_average
 from progress_sql.data.phrasing import Phraser
@@ -39,10 +41,9 @@ def _join_select(path: JoinPath, items: tuple, where: tuple[Cond, ...], **kw) ->
 
 def _join_filter(hops: int):
     def sample(ctx: DbContext, rng: random.Random) -> Select | None:
-        paths = paths_of(ctx, hops)
-        if not paths:
+        path = pick_path(ctx, rng, hops)
+        if path is None:
             return None
-        path = rng.choice(paths)
         end = len(path.tables) - 1
         conds = pick_filters(ctx, rng, end, path.tables[-1], 1 if rng.random() < 0.8 else 2)
         if conds is None:
@@ -70,19 +71,14 @@ def _ask_join_count(ph: Phraser, sel: Select) -> str:
 
 @family("join_aggregate", "medium", _ask_join_count)
 def _join_aggregate(ctx: DbContext, rng: random.Random) -> Select | None:
-    paths = paths_of(ctx, rng.choice((1, 1, 2)), forward=True, start_label=False)
-    if not paths:
+    path = pick_path(ctx, rng, rng.choice((1, 1, 2)), forward=True, start_label=False)
+    if path is None:
         return None
-    path = rng.choice(paths)
     end = len(path.tables) - 1
     conds = pick_filters(ctx, rng, end, path.tables[-1], 1)
     if conds is None:
         return None
-    m = pick_measure(ctx, rng, path.tables[0])
-    if m is not None and rng.random() < 0.5:
-        item = Agg(rng.choice(["AVG", "MAX", "MIN"] + (["SUM"] if m.additive else [])), Col(0, m.name))
-    else:
-        item = Agg("COUNT")
+    item = measure_or_count(rng, pick_measure(ctx, rng, path.tables[0]), 0.5)
     return _join_select(path, (item,), conds, distinct=False)
 
 
@@ -99,10 +95,9 @@ def _ask_join_project(ph: Phraser, sel: Select) -> str:
 
 @family("join_project", "medium", _ask_join_project)
 def _join_project(ctx: DbContext, rng: random.Random) -> Select | None:
-    paths = paths_of(ctx, 1, forward=True, end_label=True)
-    if not paths:
+    path = pick_path(ctx, rng, 1, forward=True, end_label=True)
+    if path is None:
         return None
-    path = rng.choice(paths)
     child, parent = path.tables
     conds = pick_filters(ctx, rng, 0, child, rng.choice((0, 1, 1)), label_eq=False)
     if conds is None:
@@ -110,13 +105,17 @@ def _join_project(ctx: DbContext, rng: random.Random) -> Select | None:
     return _join_select(path, (Col(0, label_of(ctx, child)), Col(1, label_of(ctx, parent))), conds)
 
 
-def _group_by_parent(ctx: DbContext, rng: random.Random) -> tuple[JoinPath, str, str] | None:
-    """A child → parent join where the parent has a label: (path, child fk, parent label)."""
-    paths = paths_of(ctx, 1, forward=True, start_label=False, end_label=True)
-    if not paths:
-        return None
-    path = rng.choice(paths)
-    return path, path.steps[0].src_col, label_of(ctx, path.tables[1])
+def _by_parent(build: Callable[..., Select | None]) -> Callable[[DbContext, random.Random], Select | None]:
+    """A family grouping children by their parent: the decorated ``build(ctx, rng, path, fk,
+    label)`` gets a child → parent join whose parent has a label, the child's foreign key and
+    the parent's label column (the sampler is None when the database has no such join)."""
+
+    def sample(ctx: DbContext, rng: random.Random) -> Select | None:
+        path = pick_path(ctx, rng, 1, forward=True, start_label=False, end_label=True)
+        if path is None:
+            return None
+        return build(ctx, rng, path, path.steps[0].src_col, label_of(ctx, path.tables[1]))
+    return sample
 
 
 def _ask_join_group(ph: Phraser, sel: Select) -> str:
@@ -140,16 +139,9 @@ def _ask_join_group(ph: Phraser, sel: Select) -> str:
 
 
 @family("join_group", "medium", _ask_join_group)
-def _join_group(ctx: DbContext, rng: random.Random) -> Select | None:
-    picked = _group_by_parent(ctx, rng)
-    if picked is None:
-        return None
-    path, fk, label = picked
-    m = pick_measure(ctx, rng, path.tables[0])
-    if m is not None and rng.random() < 0.35:
-        agg = Agg(rng.choice(["AVG", "MAX"] + (["SUM"] if m.additive else [])), Col(0, m.name))
-    else:
-        agg = Agg("COUNT")
+@_by_parent
+def _join_group(ctx: DbContext, rng: random.Random, path: JoinPath, fk: str, label: str) -> Select | None:
+    agg = measure_or_count(rng, pick_measure(ctx, rng, path.tables[0]), 0.35, ("AVG", "MAX"))
     conds = pick_filters(ctx, rng, 0, path.tables[0], rng.choice((0, 0, 1)))
     if conds is None:
         return None
@@ -167,11 +159,8 @@ def _ask_join_having(ph: Phraser, sel: Select) -> str:
 
 
 @family("join_having", "medium", _ask_join_having)
-def _join_having(ctx: DbContext, rng: random.Random) -> Select | None:
-    picked = _group_by_parent(ctx, rng)
-    if picked is None:
-        return None
-    path, fk, label = picked
+@_by_parent
+def _join_having(ctx: DbContext, rng: random.Random, path: JoinPath, fk: str, label: str) -> Select | None:
     sizes = sorted(Counter(ctx.values(path.tables[0], fk)).values())
     n = max(2, quantile(sizes, rng, 0.4, 0.8))
     return _join_select(path, (Col(1, label),), (), group_by=(Col(0, fk),),
@@ -199,32 +188,26 @@ def _ask_nested(ph: Phraser, sel: Select) -> str:
                head=head, plural=ph.noun(t), which=which)
 
 
-@family("nested_in", "hard", _ask_nested)
-def _nested_in(ctx: DbContext, rng: random.Random) -> Select | None:
-    path = rng.choice(paths_of(ctx, 1) or [None])
-    if path is None:
-        return None
-    step = path.steps[0]
-    outer, inner = path.tables
-    conds = pick_filters(ctx, rng, 0, inner, 1)
-    if conds is None:
-        return None
-    sub = Select((inner,), (Col(0, step.dst_col),), where=conds)
-    return Select((outer,), (Col(0, label_of(ctx, outer)),), where=(Cond(Col(0, step.src_col), "IN", sub),))
+def _nested(op: str, forward: bool | None, filters: int | tuple[int, ...]):
+    """``outer.fk [NOT] IN (SELECT inner.key FROM inner WHERE ...)`` over one join; ``filters``
+    conditions on the inner table (a tuple: one of them at random)."""
+
+    def sample(ctx: DbContext, rng: random.Random) -> Select | None:
+        path = rng.choice(paths_of(ctx, 1, forward=forward) or [None])  # draws even when none fits (pick_path does not)
+        if path is None:
+            return None
+        step = path.steps[0]
+        outer, inner = path.tables
+        conds = pick_filters(ctx, rng, 0, inner, filters if isinstance(filters, int) else rng.choice(filters))
+        if conds is None:
+            return None
+        sub = Select((inner,), (Col(0, step.dst_col),), where=conds)
+        return Select((outer,), (Col(0, label_of(ctx, outer)),), where=(Cond(Col(0, step.src_col), op, sub),))
+    return sample
 
 
-@family("not_in", "hard", _ask_nested)
-def _not_in(ctx: DbContext, rng: random.Random) -> Select | None:
-    path = rng.choice(paths_of(ctx, 1, forward=False) or [None])
-    if path is None:
-        return None
-    step = path.steps[0]
-    outer, inner = path.tables
-    conds = pick_filters(ctx, rng, 0, inner, rng.choice((0, 1, 1)))
-    if conds is None:
-        return None
-    sub = Select((inner,), (Col(0, step.dst_col),), where=conds)
-    return Select((outer,), (Col(0, label_of(ctx, outer)),), where=(Cond(Col(0, step.src_col), "NOT IN", sub),))
+family("nested_in", "hard", _ask_nested)(_nested("IN", None, 1))
+family("not_in", "hard", _ask_nested)(_nested("NOT IN", False, (0, 1, 1)))
 
 
 def _ask_join_top(ph: Phraser, sel: Select) -> str:
@@ -247,25 +230,18 @@ def _ask_join_top(ph: Phraser, sel: Select) -> str:
 
 
 @family("join_group_top", "extra", _ask_join_top)
-def _join_group_top(ctx: DbContext, rng: random.Random) -> Select | None:
-    picked = _group_by_parent(ctx, rng)
-    if picked is None:
-        return None
-    path, fk, label = picked
-    m = pick_measure(ctx, rng, path.tables[0])
-    key = Agg("COUNT")
-    if m is not None and rng.random() < 0.4:
-        key = Agg(rng.choice(["AVG"] + (["SUM"] if m.additive else [])), Col(0, m.name))
+@_by_parent
+def _join_group_top(ctx: DbContext, rng: random.Random, path: JoinPath, fk: str, label: str) -> Select | None:
+    key = measure_or_count(rng, pick_measure(ctx, rng, path.tables[0]), 0.4, ("AVG",))
     return _join_select(path, (Col(1, label),), (), group_by=(Col(0, fk),), order_by=(key,),
                         desc=rng.random() < 0.75, limit=1)
 
 
 @family("join_set_op", "extra", ask_set_op)
 def _join_set_op(ctx: DbContext, rng: random.Random) -> Select | None:
-    paths = paths_of(ctx, 1)
-    if not paths:
+    path = pick_path(ctx, rng, 1)
+    if path is None:
         return None
-    path = rng.choice(paths)
     label = label_of(ctx, path.tables[0])
     end = path.tables[1]
     # Spider's classic: two values of one column ("enrolled in course A and in course B").
@@ -310,10 +286,9 @@ def _ask_join_filter_top(ph: Phraser, sel: Select) -> str:
 
 @family("join_filter_top", "extra", _ask_join_filter_top)
 def _join_filter_top(ctx: DbContext, rng: random.Random) -> Select | None:
-    paths = paths_of(ctx, 1, forward=True)
-    if not paths:
+    path = pick_path(ctx, rng, 1, forward=True)
+    if path is None:
         return None
-    path = rng.choice(paths)
     m = pick_measure(ctx, rng, path.tables[0], not_null=True)
     cond = pick_filter(ctx, rng, 1, path.tables[1])
     if m is None or cond is None:
@@ -339,11 +314,8 @@ def _ask_join_group_multi(ph: Phraser, sel: Select) -> str:
 
 
 @family("join_group_multi", "extra", _ask_join_group_multi)
-def _join_group_multi(ctx: DbContext, rng: random.Random) -> Select | None:
-    picked = _group_by_parent(ctx, rng)
-    if picked is None:
-        return None
-    path, fk, label = picked
+@_by_parent
+def _join_group_multi(ctx: DbContext, rng: random.Random, path: JoinPath, fk: str, label: str) -> Select | None:
     m = pick_measure(ctx, rng, path.tables[0])
     if m is None:
         return None
@@ -367,11 +339,8 @@ def _ask_except_join(ph: Phraser, sel: Select) -> str:
 
 
 @family("except_join", "hard", _ask_except_join)
-def _except_join(ctx: DbContext, rng: random.Random) -> Select | None:
-    picked = _group_by_parent(ctx, rng)
-    if picked is None:
-        return None
-    path, fk, label = picked
+@_by_parent
+def _except_join(ctx: DbContext, rng: random.Random, path: JoinPath, fk: str, label: str) -> Select | None:
     conds = pick_filters(ctx, rng, 0, path.tables[0], 1)
     if conds is None:
         return None

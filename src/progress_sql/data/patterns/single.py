@@ -6,11 +6,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from progress_sql.data.domains.spec import Column
 from progress_sql.data.patterns.base import (
     agg_word, column_of, family, most_words, order_words, path_np, superlative, tpl, where_np,
 )
 from progress_sql.data.patterns.context import (
-    DbContext, label_of, pick_category, pick_filter, pick_filters, pick_measure, quantile,
+    DbContext, agg_fns, any_table, filtered_by, label_of, measure_or_count, over_one_table, pick_category, pick_filter,
+    pick_filters, pick_measure, quantile,
 )
 from progress_sql.data.phrasing import Phraser
 from progress_sql.data.query import Agg, Col, Cond, Select
@@ -54,7 +56,7 @@ def _ask_count(ph: Phraser, sel: Select) -> str:
 
 @family("count", "easy", _ask_count)
 def _count(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
+    t = any_table(ctx, rng)
     n = rng.choice((0, 1, 1, 1, 2))
     conds = pick_filters(ctx, rng, 0, t, n)
     if conds is None:
@@ -72,16 +74,9 @@ def _ask_agg(ph: Phraser, sel: Select) -> str:
 
 
 @family("aggregate", "easy", _ask_agg)
-def _aggregate(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    m = pick_measure(ctx, rng, t)
-    if m is None:
-        return None
-    fns = ["AVG", "MAX", "MIN"] + (["SUM"] if m.additive else [])
-    conds = pick_filters(ctx, rng, 0, t, rng.choice((0, 1, 1)), exclude=(m.name,))
-    if conds is None:
-        return None
-    return Select((t,), (Agg(rng.choice(fns), Col(0, m.name)),), where=conds)
+@over_one_table(pick_measure, (0, 1, 1))
+def _aggregate(ctx: DbContext, rng: random.Random, t: str, m: Column, conds: tuple[Cond, ...]) -> Select:
+    return Select((t,), (Agg(rng.choice(agg_fns(m)), Col(0, m.name)),), where=conds)
 
 
 def _ask_distinct(ph: Phraser, sel: Select) -> str:
@@ -97,14 +92,8 @@ def _ask_distinct(ph: Phraser, sel: Select) -> str:
 
 
 @family("distinct", "easy", _ask_distinct)
-def _distinct(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    c = pick_category(ctx, rng, t)
-    if c is None:
-        return None
-    conds = pick_filters(ctx, rng, 0, t, rng.choice((0, 0, 1)), exclude=(c.name,))
-    if conds is None:
-        return None
+@over_one_table(pick_category, (0, 0, 1))
+def _distinct(ctx: DbContext, rng: random.Random, t: str, c: Column, conds: tuple[Cond, ...]) -> Select:
     if rng.random() < 0.4:
         return Select((t,), (Agg("COUNT", Col(0, c.name), distinct=True),), where=conds)
     return Select((t,), (Col(0, c.name),), where=conds, distinct=True)
@@ -120,14 +109,22 @@ def _ask_sorted(ph: Phraser, sel: Select) -> str:
                head=head, m=ph.col(t, key.name), order=order_words(ph, key, sel.desc))
 
 
-@family("sorted", "easy", _ask_sorted)
-def _sorted(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice(ctx.labelled())
-    m = pick_measure(ctx, rng, t, not_null=True)
-    if m is None:
-        return None
-    items = (Col(0, label_of(ctx, t)),) + ((Col(0, m.name),) if rng.random() < 0.5 else ())
-    return Select((t,), items, order_by=(Col(0, m.name),), desc=rng.random() < 0.5)
+def _ordered(measure_share: float, desc_share: float, limits: tuple[int, ...] = ()):
+    """The names of a labelled table (its measure too, at ``measure_share``) ordered by a
+    measure, descending at ``desc_share``; only the first ``rng.choice(limits)`` when given."""
+
+    def sample(ctx: DbContext, rng: random.Random) -> Select | None:
+        t = rng.choice(ctx.labelled())
+        m = pick_measure(ctx, rng, t, not_null=True)
+        if m is None:
+            return None
+        items = (Col(0, label_of(ctx, t)),) + ((Col(0, m.name),) if rng.random() < measure_share else ())
+        desc = rng.random() < desc_share
+        return Select((t,), items, order_by=(Col(0, m.name),), desc=desc, limit=rng.choice(limits) if limits else None)
+    return sample
+
+
+family("sorted", "easy", _ask_sorted)(_ordered(0.5, 0.5))
 
 
 @family("project", "medium", ask_list)
@@ -161,15 +158,7 @@ def _ask_top(ph: Phraser, sel: Select) -> str:
     return tpl(ph, [("{verb} {head}", False), ("What are {head}", True)], head=head)
 
 
-@family("top", "medium", _ask_top)
-def _top(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice(ctx.labelled())
-    m = pick_measure(ctx, rng, t, not_null=True)
-    if m is None:
-        return None
-    items = (Col(0, label_of(ctx, t)),) + ((Col(0, m.name),) if rng.random() < 0.3 else ())
-    return Select((t,), items, order_by=(Col(0, m.name),), desc=rng.random() < 0.7,
-                  limit=rng.choice((1, 1, 1, 3, 5)))
+family("top", "medium", _ask_top)(_ordered(0.3, 0.7, (1, 1, 1, 3, 5)))
 
 
 def _ask_group(ph: Phraser, sel: Select) -> str:
@@ -190,19 +179,9 @@ def _ask_group(ph: Phraser, sel: Select) -> str:
 
 
 @family("group", "medium", _ask_group)
-def _group(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    c = pick_category(ctx, rng, t)
-    if c is None:
-        return None
-    conds = pick_filters(ctx, rng, 0, t, rng.choice((0, 0, 1)), exclude=(c.name,))
-    if conds is None:
-        return None
-    m = pick_measure(ctx, rng, t)
-    if m is not None and rng.random() < 0.5:
-        agg = Agg(rng.choice(["AVG", "MAX", "MIN"] + (["SUM"] if m.additive else [])), Col(0, m.name))
-    else:
-        agg = Agg("COUNT")
+@over_one_table(pick_category, (0, 0, 1))
+def _group(ctx: DbContext, rng: random.Random, t: str, c: Column, conds: tuple[Cond, ...]) -> Select:
+    agg = measure_or_count(rng, pick_measure(ctx, rng, t), 0.5)
     return Select((t,), (Col(0, c.name), agg), where=conds, group_by=(Col(0, c.name),))
 
 
@@ -216,13 +195,10 @@ def _ask_stats(ph: Phraser, sel: Select) -> str:
 
 
 @family("stats", "medium", _ask_stats)
-def _stats(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    m = pick_measure(ctx, rng, t)
-    if m is None:
-        return None
+@over_one_table(pick_measure)
+def _stats(ctx: DbContext, rng: random.Random, t: str, m: Column, _: tuple[Cond, ...]) -> Select | None:
     fns = rng.choice((("AVG", "MIN", "MAX"), ("MIN", "MAX"), ("AVG", "MAX")))
-    conds = pick_filters(ctx, rng, 0, t, rng.choice((0, 1)), exclude=(m.name,))
+    conds = filtered_by(ctx, rng, t, m, (0, 1))
     if conds is None:
         return None
     return Select((t,), tuple(Agg(f, Col(0, m.name)) for f in fns), where=conds)
@@ -247,11 +223,8 @@ def _ask_having(ph: Phraser, sel: Select) -> str:
 
 
 @family("having", "medium", _ask_having)
-def _having(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    c = pick_category(ctx, rng, t)
-    if c is None:
-        return None
+@over_one_table(pick_category)
+def _having(ctx: DbContext, rng: random.Random, t: str, c: Column, _: tuple[Cond, ...]) -> Select:
     m = pick_measure(ctx, rng, t)
     if m is not None and rng.random() < 0.4:
         value = quantile(ctx.sorted_values(t, m.name), rng, 0.35, 0.65)
@@ -333,14 +306,8 @@ def _ask_group_top(ph: Phraser, sel: Select) -> str:
 
 
 @family("group_top", "hard", _ask_group_top)
-def _group_top(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
-    c = pick_category(ctx, rng, t)
-    if c is None:
-        return None
-    conds = pick_filters(ctx, rng, 0, t, rng.choice((0, 0, 1)), exclude=(c.name,))
-    if conds is None:
-        return None
+@over_one_table(pick_category, (0, 0, 1))
+def _group_top(ctx: DbContext, rng: random.Random, t: str, c: Column, conds: tuple[Cond, ...]) -> Select:
     return Select((t,), (Col(0, c.name),), where=conds, group_by=(Col(0, c.name),),
                   order_by=(Agg("COUNT"),), desc=rng.random() < 0.75, limit=1)
 
@@ -357,7 +324,7 @@ def _ask_group_multi(ph: Phraser, sel: Select) -> str:
 
 @family("group_multi", "hard", _ask_group_multi)
 def _group_multi(ctx: DbContext, rng: random.Random) -> Select | None:
-    t = rng.choice([x.name for x in ctx.domain.tables])
+    t = any_table(ctx, rng)
     c = pick_category(ctx, rng, t)
     m = pick_measure(ctx, rng, t)
     if c is None or m is None:
