@@ -99,7 +99,7 @@ def test_cli_prints_the_table_and_json(runs):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("{not json\n", "dev.jsonl:1: not JSON"),
+    ("{not json\n", "dev.jsonl:1: not valid JSON"),
     ('{"greedy": {"ex": true}}\n', "dev.jsonl:1: expected an object with a string 'id'"),
     ('{"id": "ID", "greedy": {"ex": 1}}\n', "has no boolean 'ex'"),
     ('{"id": "ID", "greedy": {"ex": true}}\n{"id": "ID", "greedy": {"ex": true}}\n', "appears twice"),

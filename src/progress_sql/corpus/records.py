@@ -98,20 +98,34 @@ def write_jsonl(path: Path, examples: Iterable[Example]) -> int:
     return n
 
 
-def read_jsonl(path: Path) -> Iterator[Example]:
+def read_json_lines(path: Path) -> Iterator[tuple[str, dict]]:
+    """The JSON objects of a JSONL file, each with where it stands (``path:line``), blank lines
+    skipped: the one JSONL reader (corpus splits, validation's lenient rows, prediction files).
+    CorpusError naming the file, and the line, when it cannot be read or a line is not a JSON object."""
+    path = Path(path)
     try:
-        fh = path.open("r", encoding="utf-8")
+        with path.open("r", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise CorpusError(f"{where}: not valid JSON ({err.msg})") from None
+                if not isinstance(obj, dict):
+                    raise CorpusError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+                yield where, obj
     except FileNotFoundError:
         raise CorpusError(f"{path}: file not found") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            yield example_from_dict(obj, f"{path}:{lineno}")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CorpusError(f"{path}: cannot read ({err})") from None
+
+
+def read_jsonl(path: Path) -> Iterator[Example]:
+    """The examples of a split or variant file (``read_json_lines``, each checked by ``example_from_dict``)."""
+    for where, obj in read_json_lines(path):
+        yield example_from_dict(obj, where)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ execute on its database within ``data.gold_timeout_s``, is its result non-empty,
 splits does its database occur); the checks themselves are GE expectations over those
 columns, each with a readable name that the report and the failure messages use.
 
-Records are read leniently here (plain JSON per line, not ``read_jsonl``) so that a bad value
+Records are read leniently here (plain JSON objects, ``read_json_lines``, not ``read_jsonl``) so that a bad value
 becomes a failed expectation naming the rows, instead of an exception at the first one; only
 a missing or unreadable file is a CorpusError.
 
@@ -43,7 +43,7 @@ import pandas as pd
 
 from progress_sql.config import Settings
 from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example,
-                                         question_key, read_text)
+                                         question_key, read_json_lines, read_text)
 from progress_sql.corpus.integrity import corpus_damage
 from progress_sql.data.generate_db import database_fingerprint
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
@@ -150,17 +150,8 @@ class ValidationReport:
 # ----------------------------------------------------------------------------- the table
 def _read_rows(path: Path, part: str) -> list[dict[str, Any]]:
     """The records of one JSONL file as plain dicts; blank or non-string required fields → None."""
-    text = read_text(path)
     rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for _, obj in read_json_lines(path):
         row: dict[str, Any] = {
             key: obj.get(key) if isinstance(obj.get(key), str) and obj.get(key).strip() else None
             for key in REQUIRED_FIELDS

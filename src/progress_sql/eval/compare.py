@@ -16,13 +16,12 @@ its output folder: one JSON object per example with ``id`` and, per mode, ``{"ex
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from progress_sql.corpus.records import CorpusError, read_text
+from progress_sql.corpus.records import CorpusError, read_json_lines
 
 MODES = ("greedy", "vote", "multi_turn")
 
@@ -64,23 +63,16 @@ def mcnemar_exact(gained: int, lost: int) -> float:
 
 def read_predictions(path: Path) -> dict[str, dict[str, Any]]:
     """One predictions file, keyed by example id."""
+    rows: dict[str, dict[str, Any]] = {}
     try:
-        lines = read_text(Path(path)).splitlines()
+        for where, row in read_json_lines(path):
+            if not isinstance(row.get("id"), str):
+                raise CompareError(f"{where}: expected an object with a string 'id'")
+            if row["id"] in rows:
+                raise CompareError(f"{where}: example id {row['id']!r} appears twice")
+            rows[row["id"]] = row
     except CorpusError as err:
         raise CompareError(str(err)) from None
-    rows: dict[str, dict[str, Any]] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CompareError(f"{path}:{number}: not JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-            raise CompareError(f"{path}:{number}: expected an object with a string 'id'")
-        if row["id"] in rows:
-            raise CompareError(f"{path}:{number}: example id {row['id']!r} appears twice")
-        rows[row["id"]] = row
     return rows
 
 
