@@ -342,6 +342,37 @@ def mlflow_server(log_dir: Path, store: str, *, port: int | None = None, hostnam
 
 
 # ----------------------------------------------------------------------------- progress-sql ui
+def _start_servers(servers: ExitStack, *, port: int, mlflow_port: int | None, root: Path, store: str,
+                   log_dir: Path, limit: int, echo: Callable[[str], None]) -> list[Process]:
+    """Start ``run_ui``'s servers inside ``servers`` (MLflow only for a local store) and print
+    where they are; the processes to watch."""
+    watched: list[Process] = []
+    lines = []
+    if mlflow_port and not store.startswith(("http://", "https://")):
+        echo(f"starting MLflow on port {mlflow_port} (store {store}) ...")
+        mlflow = servers.enter_context(mlflow_server(log_dir, store, port=mlflow_port))
+        watched.append(mlflow.process)
+        lines.append(f"MLflow UI     {mlflow.url}   (store {store})")
+    elif store.startswith(("http://", "https://")):
+        lines.append(f"MLflow        {store}   (MLFLOW_TRACKING_URI)")
+    echo(f"starting the Prefect server on port {port} ...")
+    stack = servers.enter_context(prefect_server(log_dir, port=port))
+    watched.append(stack.process)
+    echo("serving the deployments (flows/serve.py) ...")
+    served = servers.enter_context(served_deployments(stack, root=root, limit=limit))
+    watched.append(served.process)
+    echo("\n".join([
+        f"Prefect UI    {stack.url}/deployments   ({', '.join(sorted(served.ids))})",
+        f"Prefect API   {stack.api}   (PREFECT_API_URL for other shells)",
+        *lines,
+        f"logs          {log_dir}",
+        "Ctrl-C stops them.",
+    ]))
+    for process in watched:
+        echo(f"  {process.name}: pid {process.popen.pid}")
+    return watched
+
+
 def run_ui(*, port: int = PREFECT_PORT, mlflow_port: int | None = MLFLOW_PORT, root: Path | None = None,
            log_dir: Path | None = None, limit: int = 1, echo: Callable[[str], None] = print) -> int:
     """Start MLflow (unless ``mlflow_port`` is None, or the store is a server already), a
@@ -357,7 +388,6 @@ def run_ui(*, port: int = PREFECT_PORT, mlflow_port: int | None = MLFLOW_PORT, r
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="progress-sql-ui-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     store = mlflow_store_uri(root)
-    watched: list[Process] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -370,29 +400,8 @@ def run_ui(*, port: int = PREFECT_PORT, mlflow_port: int | None = MLFLOW_PORT, r
     servers = ExitStack()
     code = 0
     try:
-        lines = []
-        if mlflow_port and not store.startswith(("http://", "https://")):
-            echo(f"starting MLflow on port {mlflow_port} (store {store}) ...")
-            mlflow = servers.enter_context(mlflow_server(log_dir, store, port=mlflow_port))
-            watched.append(mlflow.process)
-            lines.append(f"MLflow UI     {mlflow.url}   (store {store})")
-        elif store.startswith(("http://", "https://")):
-            lines.append(f"MLflow        {store}   (MLFLOW_TRACKING_URI)")
-        echo(f"starting the Prefect server on port {port} ...")
-        stack = servers.enter_context(prefect_server(log_dir, port=port))
-        watched.append(stack.process)
-        echo("serving the deployments (flows/serve.py) ...")
-        served = servers.enter_context(served_deployments(stack, root=root, limit=limit))
-        watched.append(served.process)
-        echo("\n".join([
-            f"Prefect UI    {stack.url}/deployments   ({', '.join(sorted(served.ids))})",
-            f"Prefect API   {stack.api}   (PREFECT_API_URL for other shells)",
-            *lines,
-            f"logs          {log_dir}",
-            "Ctrl-C stops them.",
-        ]))
-        for process in watched:
-            echo(f"  {process.name}: pid {process.popen.pid}")
+        watched = _start_servers(servers, port=port, mlflow_port=mlflow_port, root=root, store=store,
+                                 log_dir=log_dir, limit=limit, echo=echo)
         while True:
             for process in watched:
                 process.check()

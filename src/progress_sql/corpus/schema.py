@@ -135,6 +135,25 @@ def schema_from_spider(entry: object, where: str) -> DatabaseSchema:
             raise CorpusError(f"{where}: field '{key}' has {len(values)} entries, "
                               f"column_names_original has {len(columns)}")
 
+    pk_columns, fks = _keys(entry, where, table_names, columns)
+
+    tables = []
+    for t, name in enumerate(table_names):
+        cols = tuple(
+            Column(col_name, natural_columns[i][1], types[i])
+            for i, (table_index, col_name) in enumerate(columns)
+            if table_index == t
+        )
+        if not cols:
+            raise CorpusError(f"{where}: table {name!r} has no columns")
+        tables.append(Table(name, natural_tables[t], cols, tuple(pk_columns.get(t, ()))))
+    return DatabaseSchema(db_id, tuple(tables), tuple(fks))
+
+
+def _keys(entry: dict, where: str, table_names: list[str],
+          columns: list[tuple[int, str]]) -> tuple[dict[int, list[str]], list[ForeignKey]]:
+    """A tables.json entry's primary-key columns by table index, and its foreign keys."""
+
     def column_ref(index: object, key: str) -> tuple[int, str]:
         # Index 0 is Spider's "*" pseudo-column; keys always point at real columns.
         if isinstance(index, bool) or not isinstance(index, int) or not 0 < index < len(columns):
@@ -161,18 +180,7 @@ def schema_from_spider(entry: object, where: str) -> DatabaseSchema:
             raise CorpusError(f"{where}: field 'foreign_keys' holds {pair!r}, not a [column, column] pair")
         (src_t, src_c), (dst_t, dst_c) = column_ref(pair[0], "foreign_keys"), column_ref(pair[1], "foreign_keys")
         fks.append(ForeignKey(table_names[src_t], src_c, table_names[dst_t], dst_c))
-
-    tables = []
-    for t, name in enumerate(table_names):
-        cols = tuple(
-            Column(col_name, natural_columns[i][1], types[i])
-            for i, (table_index, col_name) in enumerate(columns)
-            if table_index == t
-        )
-        if not cols:
-            raise CorpusError(f"{where}: table {name!r} has no columns")
-        tables.append(Table(name, natural_tables[t], cols, tuple(pk_columns.get(t, ()))))
-    return DatabaseSchema(db_id, tuple(tables), tuple(fks))
+    return pk_columns, fks
 
 
 def _string_list(entry: dict, key: str, where: str) -> list[str]:

@@ -140,71 +140,83 @@ def make_example(ex_id: str, ctx: DbContext, fam: Family, sel: Select, salt: str
     )
 
 
+@dataclass
+class _Draw:
+    """A split's draw so far: examples taken per hardness level and per database, the golds
+    (and, for the in-domain split, the questions) a new example may not repeat, its empty golds."""
+
+    quotas: dict[str, int]
+    max_empty: int
+    per_db: dict[str, int]
+    seen: set[tuple[str, str]]  # (db_id, gold SQL)
+    seen_questions: set[tuple[str, str]] | None  # question_key; None: questions may repeat
+    taken: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LEVELS})
+    n_empty: int = 0
+
+    def attempt(self, rng: random.Random, contexts: list[DbContext], settings: Settings, ex_id: str) -> Draft | str:
+        """One candidate: the accepted draft (counted), or why it was rejected."""
+        level = rng.choices(LEVELS, weights=[self.quotas[k] - self.taken[k] for k in LEVELS])[0]
+        fam = rng.choice(families_for(level))
+        ctx = min(contexts, key=lambda c: (self.per_db[c.db_id], rng.random()))
+        sel = fam.sample(ctx, rng)
+        if sel is None:
+            return "no sample"
+        rules: list[DKRule] = []
+        if rng.random() < settings.data.evidence_share:
+            sel, rules = apply_dk_rules(sel, ctx.domain)
+        sql = render_sql(sel)
+        if (ctx.db_id, sql) in self.seen:
+            return "duplicate"
+        level_got = hardness(sql)
+        if self.taken[level_got] >= self.quotas[level_got]:
+            return f"quota {level_got}"
+        why, res = run_gold(ctx, sel, settings)
+        if why:
+            return why
+        empty = not res.rows
+        if empty and self.n_empty >= self.max_empty:
+            return "empty"
+        salt = f"{settings.data.seed}:{ctx.db_id}:{sql}"
+        ex = make_example(ex_id, ctx, fam, sel, salt, level_got, rules)
+        question = question_key(ctx.db_id, ex.question)
+        if self.seen_questions is not None and question in self.seen_questions:
+            return "duplicate question"
+        self.n_empty += empty
+        self.seen.add((ctx.db_id, sql))
+        if self.seen_questions is not None:
+            self.seen_questions.add(question)
+        self.taken[level_got] += 1
+        self.per_db[ctx.db_id] += 1
+        return Draft(ex, fam.name, sel, ctx, empty, salt)
+
+    def shortfall(self, split: str, size: int, drawn: int, stats: DrawStats) -> CorpusError:
+        short = {k: self.quotas[k] - self.taken[k] for k in LEVELS if self.taken[k] < self.quotas[k]}
+        return CorpusError(f"{split}: drew only {drawn} of {size} examples in {stats.attempts - 1} attempts "
+                           f"(levels short: {short}; rejected: {stats.rejected}); lower the split size or "
+                           f"change data.hardness_mix")
+
+
 def draw_examples(split: str, contexts: list[DbContext], size: int, settings: Settings,
                   on_accept: Callable[[], None] = lambda: None,
                   exclude: list[Example] | None = None) -> tuple[list[Draft], DrawStats]:
     """``size`` examples over ``contexts`` (balanced across databases), ids ``bundled-<split>-NNNNN``.
     ``exclude``: examples (train's) whose gold SQL or question (``question_key``) on the same
     database a drawn example may not repeat (the in-domain split)."""
-    seed = settings.data.seed
-    rng = random.Random(f"{seed}:examples:{split}")
-    quotas = level_quotas(size, settings)
-    max_empty = int(size * settings.data.empty_gold_share)
-    taken = {k: 0 for k in LEVELS}
-    per_db = {c.db_id: 0 for c in contexts}
-    seen: set[tuple[str, str]] = {(ex.db_id, ex.gold_sql) for ex in exclude or ()}
-    seen_questions = {question_key(ex.db_id, ex.question) for ex in exclude or ()}
+    rng = random.Random(f"{settings.data.seed}:examples:{split}")
+    draw = _Draw(level_quotas(size, settings), int(size * settings.data.empty_gold_share),
+                 per_db={c.db_id: 0 for c in contexts}, seen={(ex.db_id, ex.gold_sql) for ex in exclude or ()},
+                 seen_questions=None if exclude is None else {question_key(ex.db_id, ex.question) for ex in exclude})
     drafts: list[Draft] = []
     stats = DrawStats()
-    n_empty = 0
     while len(drafts) < size:
         stats.attempts += 1
         if stats.attempts > size * _ATTEMPTS_PER_EXAMPLE:
-            short = {k: quotas[k] - taken[k] for k in LEVELS if taken[k] < quotas[k]}
-            raise CorpusError(
-                f"{split}: drew only {len(drafts)} of {size} examples in {stats.attempts - 1} attempts "
-                f"(levels short: {short}; rejected: {stats.rejected}); lower the split size or "
-                f"change data.hardness_mix"
-            )
-        deficits = [quotas[k] - taken[k] for k in LEVELS]
-        level = rng.choices(LEVELS, weights=deficits)[0]
-        fam = rng.choice(families_for(level))
-        ctx = min(contexts, key=lambda c: (per_db[c.db_id], rng.random()))
-        sel = fam.sample(ctx, rng)
-        if sel is None:
-            stats.reject("no sample")
+            raise draw.shortfall(split, size, len(drafts), stats)
+        draft = draw.attempt(rng, contexts, settings, f"bundled-{split}-{len(drafts):05d}")
+        if isinstance(draft, str):
+            stats.reject(draft)
             continue
-        rules: list[DKRule] = []
-        if rng.random() < settings.data.evidence_share:
-            sel, rules = apply_dk_rules(sel, ctx.domain)
-        sql = render_sql(sel)
-        if (ctx.db_id, sql) in seen:
-            stats.reject("duplicate")
-            continue
-        level_got = hardness(sql)
-        if taken[level_got] >= quotas[level_got]:
-            stats.reject(f"quota {level_got}")
-            continue
-        why, res = run_gold(ctx, sel, settings)
-        if why:
-            stats.reject(why)
-            continue
-        empty = not res.rows
-        if empty and n_empty >= max_empty:
-            stats.reject("empty")
-            continue
-        salt = f"{seed}:{ctx.db_id}:{sql}"
-        ex = make_example(f"bundled-{split}-{len(drafts):05d}", ctx, fam, sel, salt, level_got, rules)
-        if exclude is not None and question_key(ctx.db_id, ex.question) in seen_questions:
-            stats.reject("duplicate question")
-            continue
-        n_empty += empty
-        seen.add((ctx.db_id, sql))
-        if exclude is not None:
-            seen_questions.add(question_key(ctx.db_id, ex.question))
-        taken[level_got] += 1
-        per_db[ctx.db_id] += 1
-        drafts.append(Draft(ex, fam.name, sel, ctx, empty, salt))
+        drafts.append(draft)
         on_accept()
     return drafts, stats
 

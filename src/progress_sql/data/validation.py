@@ -180,6 +180,14 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     (variants share their original's gold).
     """
     layout = CorpusLayout(Path(corpus_dir))
+    df = pd.DataFrame(_corpus_rows(layout), columns=[*REQUIRED_FIELDS, "semantics", "part", "is_variant", "extra_fields"])
+    _add_gold_columns(df, layout, settings)
+    _add_split_columns(df)
+    return df
+
+
+def _corpus_rows(layout: CorpusLayout) -> list[dict[str, Any]]:
+    """The rows of every split and of the variants and in-domain split the corpus has."""
     rows: list[dict[str, Any]] = []
     for split in SPLITS:
         rows += _read_rows(layout.split(split), split)
@@ -188,8 +196,11 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     for variant in VARIANTS:
         if layout.variant(variant).exists():  # variants are optional (a Spider-only corpus has none)
             rows += _read_rows(layout.variant(variant), variant)
-    df = pd.DataFrame(rows, columns=[*REQUIRED_FIELDS, "semantics", "part", "is_variant", "extra_fields"])
+    return rows
 
+
+def _add_gold_columns(df: pd.DataFrame, layout: CorpusLayout, settings: Settings) -> None:
+    """Does each row's database exist, its gold parse, execute (and on what), return rows."""
     df["db_exists"] = [isinstance(d, str) and layout.database(d).is_file() for d in df["db_id"]]
     parses = {sql: _gold_parses(sql) for sql in set(df["gold_sql"].dropna())}  # variants repeat golds
     df["gold_parses"] = [parses.get(sql, False) for sql in df["gold_sql"]]
@@ -213,6 +224,10 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     # over golds that ran (one that fails to run is the "executes" expectation's business).
     df["gold_nonempty"] = [float(bool(r.rows)) if r is not None and r.ok else math.nan for r in outcome]
 
+
+def _add_split_columns(df: pd.DataFrame) -> None:
+    """How each row's database sits among the splits: in how many main splits, in train (variants,
+    in-domain), and whether an in-domain row repeats a train gold or question."""
     indomain = df["part"] == INDOMAIN
     main = ~df["is_variant"] & ~indomain & df["db_id"].notna()  # in-domain shares train's databases
     splits_per_db = df[main].groupby("db_id")["part"].nunique()
@@ -235,7 +250,6 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
                                       and question_key(db, q) in train_questions)) if inside else None
         for db, sql, q, inside in zip(df["db_id"], df["gold_sql"], df["question"], indomain)
     ]
-    return df
 
 
 def _execute(layout: CorpusLayout, pairs: list[tuple[str, str]], settings: Settings) -> list:

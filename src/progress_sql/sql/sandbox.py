@@ -344,6 +344,31 @@ def _run_decoding(con: sqlite3.Connection, path: str, sql: str, deadline: float,
     return _run(con, sql, deadline, max_rows)
 
 
+def _as_path(db_path: object) -> tuple[str, str]:
+    """The database path as text, and '' (else '' and why it is not a path)."""
+    if db_path is None:
+        return "", "no database path given"
+    try:
+        path = os.fspath(db_path)  # type: ignore[call-overload]
+    except TypeError:
+        return "", f"database path must be a path, got {type(db_path).__name__}"
+    return (os.fsdecode(path) if isinstance(path, bytes) else path), ""
+
+
+def _stopped(err: sqlite3.Error | sqlite3.Warning, path: str, timeout: float, cfg: SandboxSettings) -> tuple[str, str]:
+    """The error kind and message of a query that SQLite stopped (a dead file's connection dropped)."""
+    kind = "too_big" if getattr(err, "too_big", False) else _classify(err, getattr(err, "timed_out", False))
+    if kind == "timeout":
+        return kind, f"query stopped after exceeding the {timeout:g} s time limit"
+    if kind == "too_big":
+        return kind, f"a string or blob grew past the limit of {cfg.max_value_bytes:,} bytes (sandbox.max_value_bytes)"
+    if kind == "out_of_memory":
+        return kind, f"SQLite needed more than {cfg.max_memory_mb} MB (sandbox.max_memory_mb)"
+    if kind == "no_database":
+        _drop_connection(path)
+    return kind, str(err) or type(err).__name__
+
+
 def execute(
     db_path: str | os.PathLike | None,
     sql: object,
@@ -372,15 +397,9 @@ def execute(
         if verdict is not None:
             return _fail(verdict[0], verdict[1], started)
 
-        if db_path is None:
-            return _fail("no_database", "no database path given", started)
-        try:
-            path = os.fspath(db_path)
-        except TypeError:
-            return _fail("no_database", f"database path must be a path, got {type(db_path).__name__}", started)
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-
+        path, problem = _as_path(db_path)
+        if problem:
+            return _fail("no_database", problem, started)
         try:
             con = _connection(path)
         except _NoDatabase as err:
@@ -393,18 +412,7 @@ def execute(
         try:
             rows, columns, truncated = _run_decoding(con, path, sql, deadline, limit)  # type: ignore[arg-type]
         except (sqlite3.Error, sqlite3.Warning) as err:
-            kind = "too_big" if getattr(err, "too_big", False) else _classify(err, getattr(err, "timed_out", False))
-            if kind == "timeout":
-                return _fail("timeout", f"query stopped after exceeding the {timeout:g} s time limit", started)
-            if kind == "too_big":
-                return _fail("too_big", f"a string or blob grew past the limit of {cfg.max_value_bytes:,} bytes "
-                                        "(sandbox.max_value_bytes)", started)
-            if kind == "out_of_memory":
-                return _fail("out_of_memory", f"SQLite needed more than {cfg.max_memory_mb} MB "
-                                              "(sandbox.max_memory_mb)", started)
-            if kind == "no_database":
-                _drop_connection(path)
-            return _fail(kind, str(err) or type(err).__name__, started)
+            return _fail(*_stopped(err, path, timeout, cfg), started)
         return ExecResult(rows=rows, columns=columns, elapsed_s=time.monotonic() - started, truncated=truncated)
     except MemoryError:  # sqlite3 raises it for SQLITE_NOMEM: the heap limit, or the process's own memory
         return _fail("out_of_memory", "out of memory while executing the query (sandbox.max_memory_mb)", started)
