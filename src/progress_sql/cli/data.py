@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 import typer
 
@@ -40,8 +40,31 @@ def build(
     typer.echo(f"  neighbours: {sum(len(v) for v in manifest['neighbours'].values())} databases")
 
 
-def import_datasets(params: str, out: str | None, overrides: list[str], progress: bool, test_suite: str | None,
-                    **given: str | None) -> None:
+def source_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with one option per registered source (``--spider``, ``--spider-syn``, ...:
+    ``sources.SOURCES``), passed to it in ``**given`` by source name, ahead of its own options.
+    Typer reads a command's options from its signature, so options that follow the registry are
+    parameters added to it here, not written out (a new source then needs no change here)."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    per_source = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                                    default=typer.Option(None, f"--{s.option}", help=f"{s.about} (data.{s.setting})"))
+                  for s in sources.SOURCES]
+    command.__signature__ = inspect.Signature([*per_source, *own])  # type: ignore[attr-defined]
+    return command
+
+
+@app.command("import")
+@source_options
+def import_datasets(
+    *,
+    test_suite: str = typer.Option(None, "--test-suite",
+                                   help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)"),
+    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    **given: str | None,
+) -> None:
     """Import the registered dataset sources (Spider / BIRD / SynSQL-2.5M, Spider-Syn / -Realistic /
     -DK) from their published layouts into the corpus the trainer and evaluation read; the
     sources are only read. The options set data.source=import and data.import_*; the train split
@@ -51,24 +74,6 @@ def import_datasets(params: str, out: str | None, overrides: list[str], progress
         extra["data.import_test_suite"] = test_suite
     settings = load_or_exit(params, {**parse_overrides(overrides), **extra, "data.source": "import"})
     _echo_import(*_build_data(settings, out, progress))
-
-
-def _keyword(name: str, annotation: Any, option: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
-
-
-# An option per registered source (--spider, --spider-syn, ...: sources.SOURCES), then the command's own.
-import_datasets.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-    *(_keyword(s.name, str | None, typer.Option(None, f"--{s.option}", help=f"{s.about} (data.{s.setting})"))
-      for s in sources.SOURCES),
-    _keyword("test_suite", str | None, typer.Option(
-        None, "--test-suite", help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)")),
-    _keyword("params", str, typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)")),
-    _keyword("out", str | None, typer.Option(None, "--out", help="Output folder (default: data.out_dir)")),
-    _keyword("overrides", list[str], typer.Option([], "--set", help=SET_HELP)),
-    _keyword("progress", bool, typer.Option(True, "--progress/--no-progress", help="Show a progress bar")),
-])
-app.command("import")(import_datasets)
 
 
 def _build_data(settings: Settings, out: str | None, progress: bool) -> tuple[dict, Path]:
