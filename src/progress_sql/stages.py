@@ -68,10 +68,19 @@ def init_model(settings: Settings, corpus_dir: str | Path, out: str | Path | Non
                progress: bool = True) -> Path:
     """``init_model``: the tiny policy (a BPE tokenizer trained on the corpus, a model from
     ``model.*``, copy-pretrained by ``model.copy_warmup``) in ``out`` (default
-    ``model.base_dir``); its folder."""
+    ``model.base_dir``), or with ``model.pretrained`` that model saved there; its folder."""
     from progress_sql import tracking
     from progress_sql.train.tiny import build_tiny_model
 
+    if settings.model.pretrained:
+        from progress_sql.inference.models import export_pretrained
+
+        path = Path(out or settings.model.base_dir)
+        with tracking.stage_run("init_model", settings, corpus_dir=str(corpus_dir)):
+            info = export_pretrained(settings.model.pretrained, path)
+            tracking.log_metrics({"parameters": info["parameters"]}, to_parent=False)
+            tracking.log_artifacts(path / "pretrained_model.json")
+        return path
     with tracking.stage_run("init_model", settings, corpus_dir=str(corpus_dir)):
         path = build_tiny_model(corpus_dir, settings, out, progress=progress)
         warmup = json.loads((path / "tiny_model.json").read_text(encoding="utf-8"))["copy_warmup"]

