@@ -51,8 +51,9 @@ def test_importing_the_adapters_imports_no_framework():
 
 def test_a_registered_environment_reaches_every_adapter(school_db):
     """An environment with an ``Adapter`` in the registry is a protocol of every framework: the
-    adapters build their classes from ``envs.protocols()`` (in a fresh process, so the new
-    entry is there before the integrations are imported)."""
+    SkyRL-gym id and the verl interaction follow ``envs.protocols()``, and the TRL class is what
+    the generator writes out for it (in a fresh process, so the new entry is there before the
+    integrations are imported)."""
     code = f"""
 import json, inspect
 from progress_sql import envs
@@ -65,7 +66,9 @@ class Retry(ODTFeedbackEnv):  # ODT feedback under another protocol
 
 envs._ENVS[Retry.name] = Retry
 from progress_sql.integrations import sessions, skyrl_gym, trl, verl
-env = trl.RetryEnvironment()
+written = {{**vars(trl)}}
+exec(trl.environment_classes_source(), written)  # its TRL class, as the generator writes it out
+env = written["RetryEnvironment"]()
 env.reset({str(school_db)!r}, {GOLD!r}, db_id="school", question="q")
 print(json.dumps({{
     "protocols": sorted(sessions.PROTOCOLS),
@@ -80,7 +83,7 @@ print(json.dumps({{
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["protocols"] == ["odt", "retry", "sql_tool"]
-    assert (got["skyrl"], got["verl"], got["recipe"]) == ("RetryEnv", "retry", "oneshot")
+    assert (got["skyrl"], got["verl"], got["recipe"]) == ("retry", "retry", "oneshot")
     assert got["tool"] == "(text: str) -> str" and got["reply"] == trl_adapter.CORRECT
 
 

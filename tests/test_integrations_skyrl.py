@@ -55,7 +55,7 @@ def test_both_environments_are_registered_text_environments(corpus):
         row = skyrl_adapter.dataset_rows(corpus, "train", env_id, limit=1)[0]
         env = skyrl_gym.make(env_id, env_config={}, extras=_extras(row))
         assert isinstance(env, BaseTextEnv) and isinstance(env, skyrl_gym.Env)
-        assert env.spec.id == env_id and type(env).__name__ == skyrl_adapter.ENV_IDS[env_id]
+        assert env.spec.id == env_id and env.session.protocol == skyrl_adapter.ENV_IDS[env_id]
         chat, meta = env.init(row["prompt"])
         assert chat == row["prompt"] and meta == {}
 

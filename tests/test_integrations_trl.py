@@ -87,6 +87,18 @@ def test_environment_tools_have_schemas_trl_can_build():
         assert schema["parameters"]["required"] == [arg] and schema["parameters"]["properties"][arg]["type"] == "string"
 
 
+def test_the_written_out_environment_classes_are_those_of_the_registered_protocols():
+    """The classes are written out (grep and go-to-definition find them); this fails until
+    ``python -m progress_sql.integrations.trl`` rewrites them after a protocol changes."""
+    written = trl_adapter.written_source(inspect.getsource(trl_adapter))
+    assert written == trl_adapter.environment_classes_source(), "run: python -m progress_sql.integrations.trl"
+    assert set(trl_adapter.ENVIRONMENTS) == set(envs.protocols())
+    for protocol, cls in trl_adapter.ENVIRONMENTS.items():
+        adapter = envs.protocols()[protocol].adapter
+        assert (cls.__name__, cls.protocol) == (f"{adapter.stem}Environment", protocol)
+        assert inspect.getdoc(getattr(cls, adapter.tool)) == inspect.cleandoc(adapter.tool_doc)
+
+
 def test_reasoning_content_is_put_back_before_scoring():
     message = {"role": "assistant", "content": "<sql>SELECT 1</sql>", "reasoning_content": "because"}
     assert trl_adapter.completion_text([message]) == "<think>because</think><sql>SELECT 1</sql>"

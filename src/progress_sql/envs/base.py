@@ -171,8 +171,8 @@ class Adapter:
 
     ``protocol``: its name there (``EpisodeSession(protocol)``, the SkyRL-gym id
     ``progress-sql-<protocol>``, the verl interaction ``progress_sql_<protocol>``); ``stem``:
-    the adapters' class names (TRL ``<stem>Environment``, SkyRL-gym ``<stem>Env``, verl
-    ``<stem>Interaction``); ``recipe``: the recipe that scores it by default; ``tool``,
+    the adapters' class names (TRL ``<stem>Environment``, written out by ``python -m
+    progress_sql.integrations.trl``; verl ``<stem>Interaction``); ``recipe``: the recipe that scores it by default; ``tool``,
     ``tool_arg`` and ``tool_doc``: the one tool a TRL model calls to take a turn, its argument
     and the docstring TRL shows the model (Google style: TRL builds the tool's schema from it).
     """

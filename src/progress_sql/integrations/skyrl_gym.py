@@ -4,10 +4,10 @@
     progress_envs.register()                     # ids progress-sql-odt, progress-sql-sql-tool
     env = skyrl_gym.make("progress-sql-odt", env_config={...}, extras=row)
 
-One class per protocol (``sessions.PROTOCOLS``), named from its environment's ``Env.adapter``:
-``ODTFeedbackEnv`` (``progress-sql-odt``: Algorithm 1, recipe ``progress``) and ``SQLToolEnv``
-(``progress-sql-sql-tool``: the SQL tool loop, recipe ``sql_trail``) subclass SkyRL-gym's
-``BaseTextEnv``. ``step(action)`` returns its ``BaseTextEnvStepOutput``: the environment's
+One id per protocol (``sessions.PROTOCOLS``): ``progress-sql-odt`` (Algorithm 1, recipe
+``progress``) and ``progress-sql-sql-tool`` (the SQL tool loop, recipe ``sql_trail``), each an
+instance of ``skyrl_text_env.ProtocolTextEnv``, a subclass of SkyRL-gym's ``BaseTextEnv``, to
+which the registration passes its protocol. ``step(action)`` returns its ``BaseTextEnvStepOutput``: the environment's
 reply as ``observations`` (one user message, none when done), ``reward`` 0.0 until the episode
 ends and then the recipe's reward of the whole episode, ``done``, and ``metadata`` (the turn's
 diagnostics; at the end the reward's components, ``correct`` and ``reason``).
@@ -22,29 +22,29 @@ Constructor arguments, as SkyRL's generator passes them:
   task sections as a mapping, e.g. ``{"sandbox": {"timeout_s": 5}}``; default the built-in).
 
 Bad input never raises: a missing database or gold makes the first step end the episode with
-the recipe's floor reward and ``metadata["reason"]``. The classes are built on first access (a
-module ``__getattr__``), which is when ``skyrl_gym`` is imported.
+the recipe's floor reward and ``metadata["reason"]``. ``skyrl_gym`` is imported by ``register``
+and by the class's module, which SkyRL imports when it makes an environment.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from progress_sql.integrations.sessions import PROTOCOLS, EpisodeSession
+from progress_sql.integrations.sessions import PROTOCOLS
 from progress_sql.integrations.tasks import task_rows
 
-_PROTOCOL_OF = {f"{env.adapter.stem}Env": protocol for protocol, env in PROTOCOLS.items()}  # class name -> protocol
-ENV_IDS = {f"progress-sql-{protocol.replace('_', '-')}": name for name, protocol in _PROTOCOL_OF.items()}
-_built: dict[str, type] = {}
+ENV_IDS = {f"progress-sql-{protocol.replace('_', '-')}": protocol for protocol in PROTOCOLS}  # env id -> protocol
+# The one class of every id (its module imports skyrl_gym); the registration passes the protocol.
+ENTRY_POINT = "progress_sql.integrations.skyrl_text_env:ProtocolTextEnv"
 
 
 def register() -> None:
     """Register every environment with ``skyrl_gym`` under ``ENV_IDS`` (again: no-op)."""
     import skyrl_gym  # noqa: PLC0415 - the framework is imported only when used
 
-    for env_id, cls_name in ENV_IDS.items():
+    for env_id, protocol in ENV_IDS.items():
         if env_id not in skyrl_gym.registry:
-            skyrl_gym.register(id=env_id, entry_point=f"{__name__}:{cls_name}")
+            skyrl_gym.register(id=env_id, entry_point=ENTRY_POINT, kwargs={"protocol": protocol})
 
 
 def plain(value: Any) -> Any:
@@ -72,7 +72,7 @@ def dataset_rows(corpus_dir: str, split: str = "train", env_id: str = "progress-
     round-1 messages), ``env_class``, ``reward_spec`` (rule, gold) and ``extra_info`` (the
     database path and the example's columns); write them with ``datasets`` or pandas to
     the parquet files ``data.train_data`` names."""
-    env = PROTOCOLS[_PROTOCOL_OF[ENV_IDS[env_id]]]
+    env = PROTOCOLS[ENV_IDS[env_id]]
     rows = []
     for index, row in enumerate(task_rows(corpus_dir, split, recipe or env.adapter.recipe, settings, env=env.name,
                                           limit=limit)):
@@ -85,54 +85,3 @@ def dataset_rows(corpus_dir: str, split: str = "train", env_id: str = "progress-
                            "split": split, "index": index},
         })
     return rows
-
-
-def _build(cls_name: str) -> type:
-    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: PLC0415
-
-    protocol = _PROTOCOL_OF[cls_name]
-
-    class _Env(BaseTextEnv):
-        def __init__(self, env_config: Any = None, extras: Any = None) -> None:
-            super().__init__()
-            config, extras = plain(env_config) or {}, plain(extras) or {}
-            self.session = EpisodeSession(protocol, config.get("recipe"), config.get("settings"),
-                                          max_turns=extras.get("max_turns"))
-            columns = row_columns(extras)
-            self.first_prompt = self.session.start(columns.pop("db_path"), columns.pop("gold_sql"), **columns)
-            self.max_turns = self.session.max_turns
-
-        def init(self, prompt: Any) -> tuple[list, dict[str, Any]]:
-            """The dataset's prompt (the environment's round-1 messages when it has none)."""
-            return (prompt if prompt else self.first_prompt), {}
-
-        def step(self, action: str) -> BaseTextEnvStepOutput:
-            reply = self.session.step(action)
-            self.turns += int(reply.counted)
-            if not reply.done:
-                return BaseTextEnvStepOutput(observations=[{"role": "user", "content": reply.text}],
-                                             reward=0.0, done=False, metadata=reply.info)
-            scored = self.session.score()
-            return BaseTextEnvStepOutput(
-                observations=[], reward=scored.total, done=True,
-                metadata={**reply.info, "components": scored.components, "correct": scored.correct,
-                          "turns": scored.turns, "reason": scored.reason, "recipe": self.session.recipe.name},
-            )
-
-        def get_metrics(self) -> dict[str, Any]:
-            scored = self.session.score()
-            return {"correct": float(scored.correct), "turns": scored.turns, "floored": float(scored.floored),
-                    **scored.components}
-
-    _Env.__name__ = _Env.__qualname__ = cls_name
-    _Env.__module__ = __name__
-    _Env.__doc__ = f"The {protocol} protocol as a SkyRL-gym text environment (see the module notes)."
-    return _Env
-
-
-def __getattr__(name: str) -> type:
-    if name in _PROTOCOL_OF:
-        if name not in _built:
-            _built[name] = _build(name)
-        return _built[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
