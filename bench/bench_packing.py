@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from progress_sql.config import default_settings  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
-from progress_sql.inference import load_policy  # noqa: E402
+from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.packing import micro_batches, token_batch, use_packed_attention  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402

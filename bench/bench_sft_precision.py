@@ -29,7 +29,7 @@ from progress_sql import rewards  # noqa: E402
 from progress_sql.config import load_settings  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout  # noqa: E402
 from progress_sql.envs import SchemaTexts  # noqa: E402
-from progress_sql.inference import load_policy  # noqa: E402
+from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.sft import (  # noqa: E402
     _batches,
     build_sft_examples,

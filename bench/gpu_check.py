@@ -443,7 +443,7 @@ def _real_model_dir(spec: str, work: Path) -> Path:
 def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: PLC0415
     from progress_sql.eval.runner import greedy_answers  # noqa: PLC0415
-    from progress_sql.inference import ChatModel  # noqa: PLC0415
+    from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
     from progress_sql.train.trainer import run_rl  # noqa: PLC0415
 
     spec = args.model or (str(work / "model") if args.cpu_smoke else None)

@@ -174,7 +174,7 @@ def test_tiny_model_end_to_end(tiny_model, corpus, tmp_path):
 
 
 def test_model_generator_skips_prompts_over_the_limit(tiny_model, corpus):
-    from progress_sql.inference import ChatModel
+    from progress_sql.inference.policy import ChatModel
     from progress_sql.inference.backends import TransformersBackend
     from progress_sql.inference.models import load_policy
 

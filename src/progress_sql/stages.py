@@ -240,7 +240,7 @@ def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, e
     format of ``rl.recipe``, its SQL run read-only (``inference.ask.AskAnswer``). Errors:
     CorpusError (unreadable database), PolicyLoadError (model), TrackingError (registry URI)."""
     from progress_sql import rewards
-    from progress_sql.inference import ChatModel
+    from progress_sql.inference.policy import ChatModel
     from progress_sql.inference.ask import answer_on_database
     from progress_sql.tracking.registry import local_model_dir
 

@@ -20,7 +20,7 @@ def ask(
     from progress_sql.corpus.records import CorpusError
     from progress_sql.envs.exec_feedback import format_result
     from progress_sql import stages
-    from progress_sql.inference import PolicyLoadError
+    from progress_sql.inference.models import PolicyLoadError
     from progress_sql.tracking import TrackingError
 
     settings = load_or_exit(params, parse_overrides(overrides))

@@ -76,7 +76,7 @@ def make_generator(model: str, settings: Settings) -> Generator:
     """``oracle``, or a policy (a model folder, a hub id or a bundled model's name)."""
     if model == ORACLE:
         return OracleGenerator()
-    from progress_sql.inference import ChatModel  # torch only when a model is used
+    from progress_sql.inference.policy import ChatModel  # torch only when a model is used
 
     return ChatModel.load(model, settings.generation, dtype=settings.model.dtype, seed=settings.seed)
 

@@ -32,7 +32,7 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         from progress_sql.config import settings_from_dict
-        from progress_sql.inference import ChatModel
+        from progress_sql.inference.policy import ChatModel
 
         config = dict(context.model_config or {})
         self._fmt = config.get("format", "think_sql")

@@ -47,7 +47,8 @@ from progress_sql.envs import (
 from progress_sql.formats import FORMATS, FormatName, answer_text
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.eval.runner import greedy_answers
-from progress_sql.inference import ChatModel, load_policy
+from progress_sql.inference.models import load_policy
+from progress_sql.inference.policy import ChatModel
 from progress_sql.inference.backends import cache_kwarg
 from progress_sql.train.logprobs import head_bypassed, selected_logprobs
 from progress_sql.train.lora import save_policy, with_lora
