@@ -31,7 +31,8 @@ from progress_sql.data.generate_db import (
     database_fingerprint, generate_rows, schema_sql, spider_schema, write_database,
 )
 from progress_sql.data.patterns import FAMILIES, LEVELS, Family
-from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, question_key, read_jsonl
+from progress_sql.corpus.records import INDOMAIN, SPLITS, CorpusError, CorpusLayout, question_key, read_jsonl
+from progress_sql.sources import VARIANTS
 from progress_sql.corpus.schema import read_tables_json
 from progress_sql.sql import execute, hardness
 

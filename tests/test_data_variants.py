@@ -15,7 +15,7 @@ from progress_sql.data.generate_db import generate_rows, write_database
 from progress_sql.data.patterns import FAMILY_BY_NAME, DbContext
 from progress_sql.data.phrasing import Phraser, pluralize
 from progress_sql.data.query import Agg, Col, Cond, Select, render_sql
-from progress_sql.corpus.records import VARIANTS
+from progress_sql.sources import VARIANTS
 from progress_sql.data.variants import build_variants, dk_variant, mentions, realistic_variant, syn_variant
 from progress_sql.sql import execute, hardness
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS, CorpusError, CorpusLayout
+from progress_sql.corpus.records import CORPUS_SPLITS, CorpusError, CorpusLayout
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def sqlite_problem(path: Path, tables: Sequence[str] = (), rows: dict[str, int] 
 def _unlisted_damage(layout: CorpusLayout) -> list[Damage]:
     """No manifest: the databases the split and variant files name, by header and schema."""
     db_ids: set[str] = set()
-    for path in [layout.split(s) for s in CORPUS_SPLITS] + [layout.variant(v) for v in VARIANTS]:
+    for path in [layout.split(s) for s in CORPUS_SPLITS] + sorted((layout.root / "variants").glob("*.jsonl")):
         if not path.is_file():
             continue  # a missing split is the loaders' to name
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():

@@ -15,8 +15,7 @@ SPLITS = ("train", "dev", "test")  # split by database: dev and test databases n
 # gets where it knows the schema, beside dev/test, where it must read a new one. The bundled build
 # draws it (data.indomain_size); an imported corpus writes it empty (its dev sets are the measure).
 INDOMAIN = "indomain"
-CORPUS_SPLITS = (*SPLITS, INDOMAIN)  # the split files <name>.jsonl
-VARIANTS = ("syn", "realistic", "dk")
+CORPUS_SPLITS = (*SPLITS, INDOMAIN)  # the split files <name>.jsonl; the variants' names are sources.VARIANTS
 
 
 class CorpusError(ValueError):

@@ -39,7 +39,8 @@ from progress_sql.data.generate_db import database_fingerprint, generate_rows, s
 from progress_sql.data.neighbours import query_literals, write_neighbours
 from progress_sql.data.patterns import LEVELS, DbContext
 from progress_sql.corpus.integrity import sha256_file  # the manifest's hashes, checked by the same module
-from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, write_jsonl
+from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, write_jsonl
+from progress_sql.sources import VARIANTS
 from progress_sql.data.variants import build_variants
 from progress_sql.sql.sandbox import clear_connection_cache
 

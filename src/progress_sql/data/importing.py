@@ -55,11 +55,11 @@ from tqdm import tqdm
 from progress_sql import sources
 from progress_sql.config import Settings
 from progress_sql.corpus.integrity import SQLITE_HEADER, sha256_file
-from progress_sql.corpus.records import INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, write_jsonl
+from progress_sql.corpus.records import INDOMAIN, SPLITS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider
 from progress_sql.data.build import MANIFEST_FORMAT, build_atomically
 from progress_sql.data.mix import plan_mix
-from progress_sql.sources import Loaded, LoadResult, TrainSet
+from progress_sql.sources import VARIANTS, Loaded, LoadResult, TrainSet
 from progress_sql.sql import HARDNESS_LEVELS, SQLPool
 from progress_sql.sql.verdict import comparison_sql
 

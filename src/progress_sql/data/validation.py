@@ -42,10 +42,11 @@ from typing import Any
 import pandas as pd
 
 from progress_sql.config import Settings
-from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, VARIANTS, CorpusError, CorpusLayout, Example,
+from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, Example,
                                          question_key, read_json_lines, read_text)
 from progress_sql.corpus.integrity import corpus_damage
 from progress_sql.data.generate_db import database_fingerprint
+from progress_sql.sources import VARIANTS
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 from progress_sql.sql.verdict import SEMANTICS, comparison_sql
 

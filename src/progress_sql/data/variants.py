@@ -38,7 +38,8 @@ from progress_sql.data.drafting import Draft, apply_dk_rules, make_example, run_
 from progress_sql.data.patterns import ask
 from progress_sql.data.phrasing import pluralize
 from progress_sql.data.query import render_sql
-from progress_sql.corpus.records import VARIANTS, Example
+from progress_sql.corpus.records import Example
+from progress_sql.sources import VARIANTS
 from progress_sql.sql import hardness
 
 

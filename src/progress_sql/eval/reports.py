@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from progress_sql.config import EvalSettings
-from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS
+from progress_sql.corpus.records import CORPUS_SPLITS
+from progress_sql.sources import VARIANTS
 from progress_sql.eval import metrics as registry
 from progress_sql.eval.metrics import pct
 from progress_sql.sql.hardness import HARDNESS_LEVELS

@@ -49,7 +49,8 @@ from tqdm import tqdm
 
 from progress_sql import rewards
 from progress_sql.config import Settings
-from progress_sql.corpus.records import CORPUS_SPLITS, VARIANTS, CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CORPUS_SPLITS, CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.sources import VARIANTS
 from progress_sql import envs
 from progress_sql.envs import Request, SchemaTexts, rollout, round1_messages
 from progress_sql.envs.base import PROMPT_TOO_LONG

@@ -20,6 +20,9 @@ from progress_sql.sources.reading import Loaded, LoadResult, Skipped, iter_json_
 
 SOURCES: tuple[DatasetSource, ...] = (spider.SOURCE, bird.SOURCE, synsql.SOURCE, *spider_variants.SOURCES)
 _BY_NAME = {source.name: source for source in SOURCES}
+# The robustness variants a corpus may hold (variants/<name>.jsonl), one per source that gives one:
+# an import reads them, the bundled build writes its own of each (data.variants; empty where it has no rule).
+VARIANTS: tuple[str, ...] = tuple(source.variant for source in SOURCES if source.variant)
 
 
 def names() -> tuple[str, ...]:
@@ -56,5 +59,5 @@ def dataset_settings() -> str:
     return f"{', '.join(keys[:-1])} or {keys[-1]}"
 
 
-__all__ = ["SOURCES", "DatasetSource", "LoadResult", "Loaded", "Skipped", "TrainSet", "dataset_settings", "datasets", "get",
-           "iter_json_array", "names", "with_evaluation", "with_train"]
+__all__ = ["SOURCES", "VARIANTS", "DatasetSource", "LoadResult", "Loaded", "Skipped", "TrainSet", "dataset_settings",
+           "datasets", "get", "iter_json_array", "names", "with_evaluation", "with_train"]

@@ -45,7 +45,7 @@ class DatasetSource:
     """A published dataset that ``progress-sql data import`` reads, set by ``data.import_<name>``
     (the option ``--<name>`` with ``_`` as ``-``). It gives any of: a train set (drawn from when
     ``data.import_train`` names it, with the default share ``share`` of ``data.mix``), dev/test
-    sets (``data.import_eval``), or one robustness split (``variant``, one of corpus ``VARIANTS``)."""
+    sets (``data.import_eval``), or one robustness split (``variant``: its name, in ``sources.VARIANTS``)."""
 
     name: str
     about: str  # what data.import_<name> names: the option's help
