@@ -239,7 +239,7 @@ def trl_trainer(settings: Settings, corpus: Path, out_dir: Path, calls: TrlCalls
         per_device_train_batch_size=rl.micro_batch_size, gradient_accumulation_steps=n // rl.micro_batch_size,
         num_generations=rl.group_size, max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature, top_p=gen.top_p, beta=rl.kl_beta, loss_type="grpo", epsilon=rl.clip_eps,
-        epsilon_high=rl.clip_eps_high, scale_rewards="group" if rl.algorithm != "dr_grpo" else "none",
+        epsilon_high=rl.clip_eps_high, scale_rewards="group" if rl.spec.scale_std else "none",
         learning_rate=rl.lr, weight_decay=rl.weight_decay, max_grad_norm=rl.grad_clip,
         lr_scheduler_type="constant", warmup_steps=0, use_vllm=False, bf16=False, fp16=False,
         use_cpu=not torch.cuda.is_available(), shuffle_dataset=False, disable_dropout=True,

@@ -30,24 +30,35 @@ def test_params_yaml_equals_model_defaults():
 
 
 def test_params_yaml_lists_every_setting_explicitly():
-    from progress_sql.config_reference import missing_params
+    """Every setting but a registered part's own (``config.part_settings``: a recipe's weights,
+    a backend's section, a source's folder and share), which params.yaml may list or leave to
+    the part's module; this one lists every part the project ships."""
+    from progress_sql.config_reference import missing_params, unlisted_parts
 
     raw = yaml.safe_load(PARAMS.read_text())
     missing = missing_params(PARAMS.read_text())
     assert not missing, f"params.yaml lacks (python -m progress_sql.config_reference --missing):\n{missing}"
     assert _leaf_keys(raw) == _leaf_keys(Settings().model_dump())
+    assert unlisted_parts(PARAMS.read_text()) == set()
 
 
 def test_missing_params_gives_the_yaml_of_what_params_yaml_lacks():
-    from progress_sql.config_reference import missing_params
+    from progress_sql.config_reference import missing_params, reference_markdown, unlisted_parts
 
     raw = yaml.safe_load(PARAMS.read_text())
-    del raw["rewards"]["oneshot"]
+    del raw["rewards"]["oneshot"]["correct"]
     del raw["rl"]["lr"]
     missing = yaml.safe_load(missing_params(yaml.safe_dump(raw)))
     defaults = Settings()
-    assert missing == {"rl": {"lr": defaults.rl.lr}, "rewards": {"oneshot": defaults.rewards.oneshot.model_dump()}}
+    assert missing == {"rl": {"lr": defaults.rl.lr}, "rewards": {"oneshot": {"correct": defaults.rewards.oneshot.correct}}}
     assert missing_params(PARAMS.read_text()) == ""
+    # a registered part that params.yaml leaves out is optional: not missing, its defaults its module's
+    del raw["rewards"]["skyrl"], raw["generation"]["vllm"], raw["data"]["import_spider_dk"]
+    text = yaml.safe_dump(raw)
+    assert unlisted_parts(text) == {"rewards.skyrl", "generation.vllm", "data.import_spider_dk"}
+    assert set(yaml.safe_load(missing_params(text))) == {"rl", "rewards"}
+    assert settings_from_dict(yaml.safe_load(text)).rewards.skyrl == defaults.rewards.skyrl
+    assert "`rewards.skyrl." not in reference_markdown(text) and "`rewards.progress.gamma`" in reference_markdown(text)
 
 
 def test_defaults_md_numbers_are_present():
@@ -155,7 +166,7 @@ def test_configuration_reference_is_in_sync():
 
     expected = reference_markdown(PARAMS.read_text(encoding="utf-8"))
     assert (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8") == expected
-    for key in _leaf_keys(Settings().model_dump()):
+    for key in _leaf_keys(Settings().model_dump()):  # params.yaml lists every part: the reference too
         assert f"`{key}`" in expected
     assert "docs/CONFIG.md" in (REPO / "README.md").read_text(encoding="utf-8")
 

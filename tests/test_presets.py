@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
+from progress_sql import sources
 from progress_sql.cli import app
 from progress_sql.config import (
     NO_PRESET,
@@ -171,8 +172,8 @@ def test_progress_sql_has_the_papers_numbers():
     # the trajectory limit (train.trajectories.max_sequence_tokens): prompt + T generations
     assert s.generation.max_prompt_tokens + s.env.max_turns * s.generation.max_new_tokens == 8192
     d = s.data
-    assert (d.source, d.import_sampling, d.mix_total, set(d.import_train)) == ("import", "random", 20000,
-                                                                              {"spider", "bird", "synsql"})
+    drawn_from = {name for name in d.import_train if getattr(d, f"import_{name}")}  # of the datasets given
+    assert (d.source, d.import_sampling, d.mix_total, drawn_from) == ("import", "random", 20000, {"spider", "bird", "synsql"})
     assert all((d.import_spider, d.import_bird, d.import_synsql, d.import_spider_syn, d.import_spider_realistic,
                 d.import_spider_dk))
     e = s.eval
@@ -219,6 +220,18 @@ def test_reasoning_sql_sql_trail_and_skyrl_sql_have_their_numbers():
     assert (k.rl.recipe, k.rl.env, k.rl.kl_beta, k.rl.group_size) == ("skyrl", "exec_feedback", 0.0, 5)
     assert (k.rewards.skyrl.bad_format, k.rewards.skyrl.wrong, k.rewards.skyrl.correct) == (-1, 0, 1)
     assert k.env.trail_max_turns + 1 == 6 and (k.generation.temperature, k.generation.top_p) == (0.6, 0.95)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_preset_names_its_import_lists_only_to_leave_out_a_dataset_it_gives(name):
+    """data.import_train / import_eval default to every registered source and take those given,
+    so a preset that pinned the list a paper's datasets make would silently leave out a source
+    added later; a pin must leave out a dataset the preset gives (the paper says so)."""
+    overlay, data = _overlay(name), load_settings(PARAMS, preset=name).data
+    for key, role in (("data.import_train", "train"), ("data.import_eval", "evaluation")):
+        if key in overlay:
+            given = {s.name for s in sources.SOURCES if getattr(s, role) is not None and getattr(data, s.setting)}
+            assert set(overlay[key]) < given, f"{name}: {key} pins every dataset it gives: leave it to the default"
 
 
 # ----------------------------------------------------------------------------- the model folder
@@ -322,6 +335,24 @@ def test_set_params_quote_what_yaml_would_misread(tmp_path):
     spaced.write_text("rewards:\n  reasoning_sql:\n    judge_model: two words\n")
     result = CliRunner().invoke(app, ["preset", "show", str(spaced), "--as-set", "--params", str(PARAMS)])
     assert result.exit_code == 2 and "a value with a space" in result.output
+
+
+def test_as_set_adds_a_part_that_params_yaml_leaves_out(tmp_path):
+    """A registered part's settings are optional in params.yaml; DVC sets a key params.yaml lacks
+    only as ``++key=value`` (Hydra's add-or-override), which ``--as-set`` writes for it."""
+    pytest.importorskip("dvc")
+    import yaml
+
+    raw = yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
+    del raw["rewards"]["skyrl"]
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    result = CliRunner().invoke(app, ["preset", "show", "skyrl-sql", "--as-set", "--params", str(params)])
+    assert result.exit_code == 0, result.output
+    args = result.output.split()
+    assert "++rewards.skyrl.bad_format=-1.0" in args and "rl.recipe='skyrl'" in args
+    _dvc_applies(args, params)
+    assert load_settings(params) == load_settings(PARAMS, preset="skyrl-sql")
 
 
 # ----------------------------------------------------------------------------- one RL step of each

@@ -1,17 +1,24 @@
 """The registries are the one list of names: settings are checked against them, callers look
 parts up in them, and each part owns its settings (a recipe its weights, an environment its
-formats). Also the output formats' one home."""
+formats); no document and no test copies a registry's names (tests check a registry by prefix or
+by property). Also the output formats' one home."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from progress_sql import envs, rewards
-from progress_sql.config import SettingsError, registered_names, settings_from_dict
+from progress_sql import envs, rewards, sources
+from progress_sql.config import ALGORITHMS, SettingsError, registered_names, registered_settings, settings_from_dict
+from progress_sql.config.settings import AGGREGATIONS
+from progress_sql.config_reference import params_comments
 from progress_sql.envs import TaskSettings
 from progress_sql.formats import FORMATS, SINGLE_ANSWER_FORMATS, answer_tags, answer_text, parse_output, stop_strings
 from progress_sql.inference.settings import BACKENDS
 from progress_sql.rewards import RewardSettings, Trajectory, Turn
+
+from conftest import REPO
 
 
 @pytest.mark.parametrize(("key", "value", "known"), [
@@ -30,7 +37,9 @@ def test_registered_names_come_from_the_registries():
     assert names["rl.recipe"] == rewards.names()
     assert rewards.names()[:5] == ("progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl")  # the seed methods
     assert names["rl.env"] == envs.names()
-    assert names["generation.backend"] == tuple(BACKENDS) == ("transformers", "vllm")
+    assert names["rl.algorithm"] == tuple(ALGORITHMS) and names["generation.backend"] == tuple(BACKENDS)
+    assert names["data.import_train"] == tuple(s.name for s in sources.SOURCES if s.train is not None)
+    assert set(sources.VARIANTS) <= set(names["eval.splits"])
     assert "odt_feedback" not in names["eval.multi_turn_env"]  # its feedback reads the gold
     with pytest.raises(SettingsError, match="reads the gold"):
         settings_from_dict({}, overrides={"eval.multi_turn_env": "odt_feedback"})
@@ -63,7 +72,33 @@ def test_an_environment_checks_the_format_it_is_asked_to_speak():
     assert envs.get("odt_feedback")().fmt == "think_sql"
     with pytest.raises(ValueError, match="odt_feedback: format must be one of think_sql"):
         envs.get("odt_feedback")(fmt="trail")
-    assert [name for name in envs.names() if envs.get(name).reads_gold] == ["odt_feedback"]
+    assert envs.get("odt_feedback").reads_gold and not envs.get("exec_feedback").reads_gold
+
+
+def test_the_copies_of_registries_in_lower_layers_agree_with_them():
+    """The settings, which validate without torch, hold two lists whose registry lives in a
+    module that imports torch: the backends' classes and the loss aggregations."""
+    pytest.importorskip("torch")
+    from progress_sql.inference.backends import BACKEND_CLASSES
+    from progress_sql.train import losses
+
+    assert tuple(BACKENDS) == tuple(BACKEND_CLASSES)  # inference.settings.BACKENDS: the names and their sections
+    assert AGGREGATIONS == losses.AGGREGATIONS
+    assert {spec.aggregation for spec in ALGORITHMS.values()} - {None} <= set(losses.AGGREGATIONS)
+
+
+def test_params_yaml_and_the_reference_name_registries_without_copying_their_names():
+    """A setting that names registered parts is documented by its registry (docs/CONFIG.md's
+    type column) and params.yaml's comment lists at most one of its names: a new part changes
+    neither file."""
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    comments = params_comments(text)
+    reference = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    for key, registered in registered_settings().items():
+        named = [n for n in registered.names() if re.search(rf"\b{re.escape(n)}\b", comments.get(key, ""))]
+        assert len(named) <= 1, f"params.yaml's comment on {key} copies the names {named} of its registry"
+        row = next(line for line in reference.splitlines() if line.startswith(f"| `{key}` |"))
+        assert f"| {registered.what} |" in row, key
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -439,9 +439,12 @@ def test_the_settings_and_the_import_options_come_from_the_registry():
     for source in sources.SOURCES:
         assert fields[source.setting].annotation is str and fields[source.setting].default == ""
     choices = {key: typing.get_args(typing.get_args(fields[key].annotation)[0]) for key in ("import_train", "import_eval")}
-    assert choices == {"import_train": ("spider", "bird", "synsql"), "import_eval": ("spider", "bird")}
+    assert choices == {"import_train": tuple(s.name for s in sources.with_train()),
+                       "import_eval": tuple(s.name for s in sources.with_evaluation())}
+    assert choices["import_train"][:3] == ("spider", "bird", "synsql") and choices["import_eval"][:2] == ("spider", "bird")
     assert default_settings().data.mix.model_dump() == {s.name: s.share for s in sources.with_train()}
-    assert [s.variant for s in sources.SOURCES if s.variant] == ["syn", "realistic", "dk"]
+    assert sources.VARIANTS == tuple(s.variant for s in sources.SOURCES if s.variant)
+    assert sources.VARIANTS[:3] == ("syn", "realistic", "dk")
     command = typer.main.get_command(app).commands["data"].commands["import"]
     options = {param.opts[0]: param.help for param in command.params}
     assert all(options[f"--{s.option}"].endswith(f"(data.{s.setting})") for s in sources.SOURCES)

@@ -3,8 +3,13 @@ comments of params.yaml (the project's: that of the working directory or a folde
 so the documentation cannot drift from what is validated:
 ``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two).
 ``python -m progress_sql.config_reference --missing`` prints, as YAML to paste into
-params.yaml, the settings a new module added (a recipe's weights, a source's section) that
-params.yaml does not list yet, with their defaults."""
+params.yaml, the settings that params.yaml does not list yet, with their defaults.
+
+The settings of a registered part (a recipe's weights, a backend's section, a dataset source's
+folder and share: ``config.part_settings()``) are optional in params.yaml and listed here only
+where params.yaml lists them; a setting that names parts (``config.registered_settings()``) is
+documented by its registry, not by a copy of the registry's names. A new part therefore changes
+neither params.yaml nor docs/CONFIG.md."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.config import Settings, registered_names, yaml_load
+from progress_sql.config import Settings, part_settings, registered_settings, yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -60,17 +65,35 @@ def _type_name(annotation: Any) -> str:
     return text.replace("typing.", "")
 
 
-def _rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+def _leaf_keys(tree: Any, prefix: str = "") -> set[str]:
+    """The dotted keys of a params tree's values (sections are not keys)."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip(".")} if prefix else set()
+    return {key for name, value in tree.items() for key in _leaf_keys(value, f"{prefix}{name}.")}
+
+
+def unlisted_parts(params_text: str) -> set[str]:
+    """The registered parts' settings (``part_settings``) that ``params_text`` does not list at all."""
+    listed = _leaf_keys(yaml_load(params_text) or {})
+    return {part for part in part_settings() if not any(k == part or k.startswith(part + ".") for k in listed)}
+
+
+def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
     defaults = model()
-    registered = registered_names()
+    registered = registered_settings()
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
+        if key in skipped:
+            continue
         default = getattr(defaults, name)
         if isinstance(default, BaseModel):
-            yield from _rows(type(default), key + ".")
+            yield from _rows(type(default), skipped, key + ".")
             continue
-        kind = "one of " + " \\| ".join(registered[key]) if key in registered else _type_name(info.annotation)
-        yield key, kind, repr(default), _constraints(info)
+        if key in registered:
+            kind, shown = registered[key].what, registered[key].default or f"`{default!r}`"
+        else:
+            kind, shown = _type_name(info.annotation), f"`{default!r}`"
+        yield key, kind, shown, _constraints(info)
 
 
 def reference_markdown(params_text: str) -> str:
@@ -83,37 +106,44 @@ def reference_markdown(params_text: str) -> str:
         "when params.yaml is loaded (generated: `python -m progress_sql.config_reference > docs/CONFIG.md`).",
         "Override any key on the command line with `--set key=value`, in DVC with",
         "`dvc exp run -S key=value`, or in a Prefect run with the `overrides` parameter.",
+        "The settings of a registered part (a reward recipe's weights `rewards.<recipe>`, a generation",
+        "backend's `generation.<backend>`, a dataset source's `data.import_<source>` and `data.mix.<source>`)",
+        "are listed where params.yaml lists them; a part's module holds the defaults of any other.",
         "",
     ]
     section = None
-    for key, type_name, default, limits in _rows(Settings):
+    for key, type_name, default, limits in _rows(Settings, unlisted_parts(params_text)):
         top = key.split(".")[0] if "." in key else "(top level)"
         if top != section:
             section = top
             lines += ["", f"## {section}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
         note = comments.get(key, "").replace("|", "\\|")
-        lines.append(f"| `{key}` | {type_name} | `{default}` | {limits} | {note} |")
+        lines.append(f"| `{key}` | {type_name} | {default} | {limits} | {note} |")
     return "\n".join(lines) + "\n"
 
 
 def missing_params(params_text: str) -> str:
     """The settings with no key in ``params_text`` (a params.yaml), as YAML of their defaults
-    nested under their sections ('' when none is missing)."""
+    nested under their sections ('' when none is missing). A registered part's settings that
+    params.yaml does not list at all are optional (``part_settings``) and not missing."""
     listed = yaml_load(params_text) or {}
+    optional = unlisted_parts(params_text)
     missing: dict[str, Any] = {}
 
-    def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any]) -> None:
+    def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any], prefix: str) -> None:
         for key, value in defaults.items():
+            if prefix + key in optional:
+                continue
             here = present.get(key) if isinstance(present, dict) else None
             if isinstance(value, dict):
                 sub: dict[str, Any] = {}
-                walk(value, here, sub)
+                walk(value, here, sub, f"{prefix}{key}.")
                 if sub:
                     out[key] = sub
             elif not (isinstance(present, dict) and key in present):
                 out[key] = value
 
-    walk(Settings().model_dump(mode="json"), listed, missing)
+    walk(Settings().model_dump(mode="json"), listed, missing, "")
     return yaml.safe_dump(missing, sort_keys=False) if missing else ""
 
 

@@ -19,12 +19,13 @@ from progress_sql.cli.common import (
     parse_overrides,
     stage_or_exit,
 )
+from progress_sql.config import EVAL_SPLITS
 
 
 def evaluate(
     model: str = typer.Option(..., "--model", help="Model folder, hub id, models:/NAME@ALIAS, models:/NAME/N, "
                                                    "'oracle' (gold SQL) or 'smollm2'"),
-    splits: list[str] = typer.Option([], "--split", help="Split or variant: train, dev, test, syn, realistic, dk "
+    splits: list[str] = typer.Option([], "--split", help=f"Split or variant: {', '.join(EVAL_SPLITS)} "
                                                          "(repeatable; default: eval.splits)"),
     out: str = typer.Option(None, "--out", help="Output folder (default: eval.out_dir)"),
     params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),

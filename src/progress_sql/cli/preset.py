@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from progress_sql.cli.common import load_or_exit
-from progress_sql.config import SettingsError, load_preset, preset_names, presets_dir
+from progress_sql.config import SettingsError, load_preset, preset_names, presets_dir, yaml_load
 
 app = typer.Typer(help="The presets of configs/presets/: list, show, as dvc exp run parameters.",
                   no_args_is_help=True)
@@ -55,11 +55,14 @@ def hydra_value(value: Any) -> str:
     raise TypeError(f"no override syntax for {type(value).__name__} {value!r}")
 
 
-def set_params(overlay: dict[str, Any]) -> list[str]:
-    """The overlay as ``dvc exp run`` arguments: ``-S``, ``key=value`` for each of its settings."""
+def set_params(overlay: dict[str, Any], listed: set[str] | None = None) -> list[str]:
+    """The overlay as ``dvc exp run`` arguments: ``-S``, ``key=value`` for each of its settings;
+    ``++key=value`` (Hydra's add-or-override) for a key not in ``listed``, params.yaml's keys (a
+    registered part's settings are optional there, and DVC refuses to set a key it lacks)."""
     args: list[str] = []
     for key, value in leaves(overlay).items():
-        args += ["-S", f"{key}={hydra_value(value)}"]
+        add = "++" if listed is not None and key not in listed else ""
+        args += ["-S", f"{add}{key}={hydra_value(value)}"]
     return args
 
 
@@ -108,7 +111,9 @@ def show(
         for key, value in leaves(overlay).items():
             typer.echo(f"{key}: {hydra_value(value)}")
         return
-    args = set_params(overlay)
+    params_file = Path(params)
+    listed = set(leaves(yaml_load(params_file.read_text(encoding="utf-8")) or {})) if params_file.is_file() else None
+    args = set_params(overlay, listed)
     spaced = [a for a in args if any(c.isspace() for c in a)]
     if spaced:  # the shell would split them in $(...)
         typer.echo(f"error: {', '.join(spaced)}: a value with a space; pass it to dvc exp run -S by hand", err=True)

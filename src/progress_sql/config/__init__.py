@@ -25,6 +25,7 @@ from progress_sql.config.presets import (
 )
 from progress_sql.config.settings import (
     ALGORITHMS,
+    EVAL_SPLITS,
     Algorithm,
     CompareSettings,
     CopyWarmupSettings,
@@ -38,6 +39,7 @@ from progress_sql.config.settings import (
     MixRatios,
     ModelSettings,
     ODTSettings,
+    Registered,
     RewardSettings,
     RLSettings,
     SandboxSettings,
@@ -46,16 +48,18 @@ from progress_sql.config.settings import (
     SFTSettings,
     TrackingSettings,
     default_settings,
+    part_settings,
     registered_names,
+    registered_settings,
 )
 from progress_sql.config.yaml_files import yaml_load
 
 __all__ = [
-    "ALGORITHMS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NO_PRESET", "PACKAGE_CONFIGS", "PRESETS_SUBDIR",
+    "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NO_PRESET", "PACKAGE_CONFIGS", "PRESETS_SUBDIR",
     "Algorithm", "CompareSettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
-    "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings",
-    "RLSettings", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError", "TrackingSettings",
+    "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLSettings",
+    "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError", "TrackingSettings",
     "check_model_paths", "default_settings", "dotted_items", "is_local_model_path", "load_preset", "load_settings",
-    "merge_overlay", "preset_file", "preset_names", "presets_dir", "registered_names", "settings_from_dict",
-    "with_preset", "yaml_load",
+    "merge_overlay", "part_settings", "preset_file", "preset_names", "presets_dir", "registered_names",
+    "registered_settings", "settings_from_dict", "with_preset", "yaml_load",
 ]

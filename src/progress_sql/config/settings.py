@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
 from progress_sql import envs, rewards, sources
+from progress_sql.corpus.records import CORPUS_SPLITS
 from progress_sql.envs.settings import EnvSettings
 from progress_sql.inference.settings import BACKENDS, GenerationSettings
 from progress_sql.odt.settings import ODTSettings
 from progress_sql.rewards.registry import RewardSettings
 from progress_sql.sections import Section as _Section
+from progress_sql.sql.hardness import HARDNESS_LEVELS
 from progress_sql.sql.settings import SandboxSettings
 
 
@@ -33,14 +35,53 @@ def _registered(kind: str, name: str, known: tuple[str, ...]) -> str:
     return name
 
 
-def registered_names() -> dict[str, tuple[str, ...]]:
-    """The settings that name a registered part, and the names each accepts (from the
-    registries themselves; docs/CONFIG.md lists them)."""
+@dataclass(frozen=True)
+class Registered:
+    """A setting whose values are names of a registry: checked against the registry when loaded,
+    and documented by the registry's name (docs/CONFIG.md, params.yaml's comments), never by a
+    copy of its names, so that a new part changes neither."""
+
+    what: str  # what the setting takes, naming the registry: docs/CONFIG.md's type
+    names: Callable[[], tuple[str, ...]]  # the names it accepts, read from the registry
+    default: str = ""  # docs/CONFIG.md's default when the registry derives it ("": the value itself)
+
+
+def registered_settings() -> dict[str, Registered]:
+    """The settings that name registered parts (tests/test_registries.py checks them by the
+    registry they name)."""
     return {
-        "generation.backend": tuple(BACKENDS),
-        "rl.recipe": rewards.names(),
-        "rl.env": envs.names(),
-        "eval.multi_turn_env": tuple(n for n in envs.names() if not envs.get(n).reads_gold),
+        "generation.backend": Registered("a backend of `inference.settings.BACKENDS`", lambda: tuple(BACKENDS)),
+        "rl.recipe": Registered("a recipe of `rewards.registry.RECIPES`", rewards.names),
+        "rl.env": Registered("an environment of the `envs` registry", envs.names),
+        "rl.algorithm": Registered("an algorithm of `config.ALGORITHMS`", lambda: tuple(ALGORITHMS)),
+        "rl.loss_aggregation": Registered("auto, or an aggregation of `train.losses.AGGREGATIONS`",
+                                          lambda: ("auto", *AGGREGATIONS)),
+        "eval.multi_turn_env": Registered("an environment of the `envs` registry whose feedback does not read the gold",
+                                          lambda: tuple(n for n in envs.names() if not envs.get(n).reads_gold)),
+        "eval.splits": Registered("splits of `corpus.records.CORPUS_SPLITS` and variants of `sources.VARIANTS`",
+                                  lambda: EVAL_SPLITS),
+        "data.import_train": Registered("sources of `sources.SOURCES` that have a train set", lambda: _TRAIN_SOURCES,
+                                        default="all of them"),
+        "data.import_eval": Registered("sources of `sources.SOURCES` that have dev/test sets", lambda: _EVAL_SOURCES,
+                                       default="all of them"),
+    }
+
+
+def registered_names() -> dict[str, tuple[str, ...]]:
+    """The settings that name registered parts, and the names each accepts."""
+    return {key: registered.names() for key, registered in registered_settings().items()}
+
+
+def part_settings() -> dict[str, str]:
+    """The settings that belong to a registered part, by dotted key or section, with the registry:
+    a recipe's weights, a backend's section, a dataset source's folder and share. Each is optional
+    in params.yaml (its default is its module's), so a new part needs no line there; docs/CONFIG.md
+    lists those params.yaml lists."""
+    return {
+        **{f"rewards.{name}": "rewards.registry.RECIPES" for name in rewards.names()},
+        **{f"generation.{name}": "inference.settings.BACKENDS" for name in BACKENDS},
+        **{f"data.{s.setting}": "sources.SOURCES" for s in sources.SOURCES},
+        **{f"data.mix.{s.name}": "sources.SOURCES" for s in sources.with_train()},
     }
 
 
@@ -225,11 +266,17 @@ class Algorithm:
 
 # grpo: token ratio, (r - mean)/(std + eps) advantages; dr_grpo: no std scaling, token sums over
 # a constant; gspo: sequence ratio. DAPO = grpo + clip_eps_high > clip_eps + token_mean.
+# Adding a loss variant that combines these switches: one entry here (rl.algorithm takes its name).
 ALGORITHMS = {
     "grpo": Algorithm("token", scale_std=True, aggregation="seq_mean_token_mean"),
     "gspo": Algorithm("sequence", scale_std=True, aggregation=None),
     "dr_grpo": Algorithm("token", scale_std=False, aggregation="seq_mean_token_sum_norm"),
 }
+
+
+# The token aggregations of the loss (train.losses.AGGREGATIONS, the registry, in a layer above:
+# tests/test_registries.py checks that this copy equals it).
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 class RLSettings(_Section):
@@ -240,13 +287,13 @@ class RLSettings(_Section):
     recipe: str = "progress"  # a name of the reward registry (progress_sql.rewards.names())
     env: str = "odt_feedback"  # a name of the environment registry (progress_sql.envs.names())
     algorithm: Literal[tuple(ALGORITHMS)] = "grpo"  # type: ignore[valid-type]  # see ALGORITHMS
-    # auto: grpo → seq_mean_token_mean, dr_grpo → seq_mean_token_sum_norm (GSPO has its own)
-    loss_aggregation: Literal["auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "auto"
+    # auto: the algorithm's own (ALGORITHMS: grpo → seq_mean_token_mean, dr_grpo → seq_mean_token_sum_norm)
+    loss_aggregation: Literal[("auto", *AGGREGATIONS)] = "auto"  # type: ignore[valid-type]
     group_size: int = Field(8, ge=2)  # G rollouts per question
     questions_per_step: int = Field(4, ge=1)
     # Spider hardness levels of the train questions RL draws from. A group teaches correctness only
     # when some of its G rollouts are right; questions far beyond the policy never give one.
-    hardness: list[Literal["easy", "medium", "hard", "extra"]] = ["easy", "medium", "hard", "extra"]
+    hardness: list[Literal[HARDNESS_LEVELS]] = list(HARDNESS_LEVELS)  # type: ignore[valid-type]
     # all: every train question of rl.hardness. solved: only those the starting policy answers
     # right with one greedy output (the eval protocol), found by a pass over them at the start
     # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
@@ -325,7 +372,8 @@ class RLSettings(_Section):
 
 
 # ----------------------------------------------------------------------------- evaluation
-EvalSplit = Literal["train", "dev", "test", "indomain", "syn", "realistic", "dk"]
+EVAL_SPLITS = (*CORPUS_SPLITS, *sources.VARIANTS)  # what `eval --split` and eval.splits take
+EvalSplit = Literal[EVAL_SPLITS]  # type: ignore[valid-type]
 
 
 class EvalSettings(_Section):

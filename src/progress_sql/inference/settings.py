@@ -1,14 +1,14 @@
-"""Generation settings (params.yaml ``generation``) and the registry of generation backends.
+"""Generation settings (params.yaml ``generation``) and the names of the generation backends.
 
 Torch-free, so the settings validate without loading a backend. ``BACKENDS`` is the one list
-of backends: each entry names its settings section (``generation.<name>``) and the class that
-``inference.backends.make_backend`` imports and builds. Adding a backend: its module in
-``inference/backends/``, its entry (and its section) here, its test.
+of backend names, each with its settings section (``generation.<name>``); the classes are
+``inference.backends.BACKEND_CLASSES``, under the same names (tests/test_registries.py checks
+the two agree). Adding a backend: its module in ``inference/backends/``, its section and entry
+here, its class there, its test.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, create_model, field_validator
@@ -37,16 +37,8 @@ class VLLMSettings(Section):
     sleep_level: int = Field(2, ge=0, le=2)
 
 
-@dataclass(frozen=True)
-class BackendEntry:
-    settings: type[Section]  # its section, generation.<name>
-    cls: str  # "module:Class", imported when built (vLLM, say, is an optional dependency)
+BACKENDS: dict[str, type[Section]] = {"transformers": TransformersSettings, "vllm": VLLMSettings}
 
-
-BACKENDS: dict[str, BackendEntry] = {
-    "transformers": BackendEntry(TransformersSettings, "progress_sql.inference.backends.transformers:TransformersBackend"),
-    "vllm": BackendEntry(VLLMSettings, "progress_sql.inference.backends.vllm:VLLMBackend"),
-}
 
 class _SharedGeneration(Section):
     """What every backend reads; each backend's own settings are a section of their own."""
@@ -73,5 +65,5 @@ class _SharedGeneration(Section):
 # params.yaml ``generation``: the shared keys, then one section per backend, named as the backend.
 GenerationSettings = create_model(
     "GenerationSettings", __base__=_SharedGeneration,
-    **{name: (entry.settings, Field(default_factory=entry.settings)) for name, entry in BACKENDS.items()},
+    **{name: (section, Field(default_factory=section)) for name, section in BACKENDS.items()},
 )

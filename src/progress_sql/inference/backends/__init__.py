@@ -9,14 +9,14 @@ stop strings):
 - ``vllm``: ``VLLMBackend``, a vLLM engine in its own processes (``vllm_worker`` runs there),
   the training model's weights loaded into it after each update.
 
-``inference.settings.BACKENDS`` registers each under its name with its settings section
-(``generation.<name>``); ``make_backend`` builds the one ``generation.backend`` names. Callers
-reach a backend through the one policy adapter, ``inference.policy.ChatModel``.
+``BACKEND_CLASSES`` holds each class under its name in ``inference.settings.BACKENDS`` (the
+torch-free list of names and settings sections, ``generation.<name>``); an optional dependency
+is imported by the class's ``create``. ``make_backend`` builds the one ``generation.backend``
+names. Callers reach a backend through the one policy adapter, ``inference.policy.ChatModel``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
@@ -35,19 +35,22 @@ from progress_sql.inference.backends.base import (
 )
 from progress_sql.inference.backends.transformers import TransformersBackend, cache_kwarg
 from progress_sql.inference.backends.vllm import VLLMBackend, VLLMEngineDied
-from progress_sql.inference.settings import BACKENDS, GenerationSettings
+from progress_sql.inference.settings import GenerationSettings
 
 __all__ = [
-    "BackendUnavailable", "FinishReason", "GenerationBackend", "NonFiniteLogits", "Sample", "StopChecker",
+    "BACKEND_CLASSES", "BackendUnavailable", "FinishReason", "GenerationBackend", "NonFiniteLogits", "Sample", "StopChecker",
     "TransformersBackend", "VLLMBackend", "VLLMEngineDied", "cache_kwarg", "completes_stop", "decode",
     "backend_class", "eos_token_ids", "make_backend", "sample_text", "stop_index",
 ]
 
 
+# The backends by class, under their names in inference.settings.BACKENDS.
+BACKEND_CLASSES: dict[str, type[GenerationBackend]] = {"transformers": TransformersBackend, "vllm": VLLMBackend}
+
+
 def backend_class(name: str) -> type[GenerationBackend]:
-    """The class registered as ``name`` in ``inference.settings.BACKENDS`` (its module imported)."""
-    module, _, attribute = BACKENDS[name].cls.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    """The class of the backend called ``name`` (``generation.backend``)."""
+    return BACKEND_CLASSES[name]
 
 
 def make_backend(generation: GenerationSettings, model: Any, tokenizer: Any,
