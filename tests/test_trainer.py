@@ -428,16 +428,52 @@ def test_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
 
 
 def test_lora_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
-    """The same learning test with rl.lora (rank 16 on every linear layer, lr ×10 as adapters
-    take): the tolerance is LoRA's own, two thirds of full fine-tuning's margins (0.08 over the
-    first steps, 0.05 over no update), since adapters move a 64-wide policy less per step."""
+    """The same learning test with rl.lora, held to full fine-tuning's margins: rank 16 on every
+    linear layer and the output head (this 64-wide policy learns the task mostly there: on the
+    layers alone, "all-linear", its rollout EX did not rise at lr 1e-4 to 1e-3), lr 1e-3.
+    The head is tied to the input embedding, so the adapter gets an untied copy of it."""
     corpus, policy = half_right
     s = _learning_settings(policy)
-    s.rl.lora.enabled, s.rl.lr = True, 3e-3
+    s.rl.lora.enabled, s.rl.lr = True, 1e-3
+    s.rl.lora.targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     trained = [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path, progress=False).metrics]
     first, last, last_frozen = _mean(trained[:10]), _mean(trained[-10:]), _mean(frozen_ex[-10:])
     print(f"LoRA rollout EX: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}; no update, steps 31-40 {last_frozen:.3f}")
-    assert last > first + 0.08 and last > last_frozen + 0.05, (trained, frozen_ex)
+    assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen_ex)
+
+
+def test_lora_on_a_tied_head_adapts_the_head_alone(warm, tmp_path):
+    """An adapter on a head tied to the input embedding: the wrapped model computes what the base
+    did, the merged model keeps the embedding and changes only the head, and vLLM (which would drop
+    the head's adapter of a tied model) is refused."""
+    from progress_sql.train.lora import adapts_tied_head, save_policy, with_lora
+
+    corpus, policy = warm
+    model, tokenizer = load_policy(policy, dtype="float32", device="cpu")
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    lora_settings = RLSettings().lora.model_copy(update={"enabled": True, "r": 4, "targets": ["q_proj", "lm_head"]})
+    assert adapts_tied_head(model, lora_settings)
+    ids = torch.tensor([[3, 5, 7, 11]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        lora = with_lora(model, lora_settings)
+        assert torch.equal(lora(input_ids=ids).logits, before)
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.1)
+        trained = lora(input_ids=ids).logits
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    save_policy(lora, tokenizer, tmp_path / "merged")
+    merged, _ = load_policy(tmp_path / "merged", dtype="float32", device="cpu")
+    assert torch.equal(merged.model.embed_tokens.weight, embedding)
+    assert not torch.equal(merged.lm_head.weight, embedding)
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, trained, atol=1e-5)
+
+    s = school_settings(policy)
+    s.generation.backend, s.rl.lora.enabled, s.rl.lora.targets = "vllm", True, ["lm_head"]
+    with pytest.raises(ValueError, match="tied"):
+        run_rl(s, corpus, out_dir=tmp_path / "rl", progress=False)
 
 
 def test_rl_questions_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):

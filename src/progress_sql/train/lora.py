@@ -14,6 +14,8 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+
 from progress_sql.config import LoRASettings
 
 ADAPTER_DIR = "adapter"
@@ -24,10 +26,27 @@ def is_lora(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
+def adapts_tied_head(model: Any, lora: LoRASettings) -> bool:
+    """Whether ``lora.targets`` name the output head of a model whose head is its input embedding
+    (``tie_word_embeddings``): an adapter there must not reach the embedding (``with_lora``)."""
+    if lora.targets == "all-linear" or not getattr(model.config, "tie_word_embeddings", False):
+        return False
+    head = model.get_output_embeddings()
+    names = [name for name, module in model.named_modules() if module is head]
+    return any(name == t or name.endswith("." + t) for name in names for t in lora.targets)
+
+
 def with_lora(model: Any, lora: LoRASettings) -> Any:
-    """``model`` wrapped with fresh LoRA adapters on ``lora.targets``; only they require grad."""
+    """``model`` wrapped with fresh LoRA adapters on ``lora.targets``; only they require grad. An
+    adapted head that is tied to the input embedding is untied first (its own frozen copy of the
+    same values, ``tie_word_embeddings`` off): the model computes the same function, and the
+    adapter, merged, changes the head alone, as it was trained to."""
     from peft import LoraConfig, get_peft_model  # noqa: PLC0415 - only the LoRA path needs peft
 
+    if adapts_tied_head(model, lora):
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+        model.config.tie_word_embeddings = False
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=lora.targets, task_type="CAUSAL_LM")
     return get_peft_model(model, config)

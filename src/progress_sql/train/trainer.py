@@ -69,7 +69,7 @@ from progress_sql.train.checkpoint import (
 )
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
 from progress_sql.train.logprobs import token_logprobs
-from progress_sql.train.lora import adapters_disabled, with_lora
+from progress_sql.train.lora import adapters_disabled, adapts_tied_head, with_lora
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss
 from progress_sql.train.packing import TokenBatch, micro_batches, token_batch, use_packed_attention
 from progress_sql.train.samples import episode_view, spread
@@ -356,6 +356,10 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
         use_packed_attention(model)
     reference = None
     if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
+        if gen.backend == "vllm" and adapts_tied_head(model, rl.lora):
+            raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
+                             "embedding: vLLM, loading that model, would drop the head's adapter; generate with the "
+                             "transformers backend or leave the head out of rl.lora.targets")
         model = with_lora(model, rl.lora)
     elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
         reference = copy.deepcopy(model).eval().requires_grad_(False)
