@@ -80,8 +80,11 @@ def test_a_registered_metric_reaches_metrics_json_mlflow_and_the_report(monkeypa
     assert m["mean_rows"] == 1.5 and list(m)[-2:] == ["mean_rows", "by_hardness"]  # after the others
     assert flat_metrics({"dev": {"greedy": m}})["dev/greedy/mean_rows"] == 1.5
     text = reports.markdown_report("tiny", {"dev": {"n": 3, "greedy": m, "gold_errors": 0}}, EvalSettings())
-    assert "| Split | Decoding | n | EX | TS | TS n | Executable | Format | Mean tokens | Rows | Notes |" in text
-    assert "| Dev | Greedy | 3 | 33.3 | – | 0 | 66.7 | 100.0 | 10.0 | 1.5 |  |" in text
+    header, row = (next(line for line in text.splitlines() if line.startswith(start))
+                   for start in ("| Split | Decoding |", "| Dev | Greedy |"))
+    assert header.startswith("| Split | Decoding | n | EX | TS | TS n | Executable | Format | Mean tokens |")
+    assert header.endswith("| Rows | Notes |") and row.endswith("| 1.5 |  |")  # its column last, before the notes
+    assert row.startswith("| Dev | Greedy | 3 | 33.3 | – | 0 | 66.7 | 100.0 | 10.0 |")
 
 
 # ----------------------------------------------------------------------------- Table 8
