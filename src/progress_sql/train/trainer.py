@@ -60,7 +60,9 @@ from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.files import write_json_lines
-from progress_sql.inference import ChatModel, GenerationBackend, load_policy, make_backend
+from progress_sql.inference.backends import GenerationBackend, make_backend
+from progress_sql.inference.models import load_policy
+from progress_sql.inference.policy import ChatModel
 from progress_sql.train.checkpoint import (
     STATE_FILE,
     list_checkpoints,
