@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from progress_sql.config import load_settings
+from progress_sql.params import load_settings
 from progress_sql.data.build import build_corpus
 from progress_sql.data.neighbours import measure_ex_vs_ts
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from progress_sql.config import load_settings
+from progress_sql.params import load_settings
 from progress_sql.data.build import build_corpus
 from progress_sql.corpus.records import CorpusLayout, read_jsonl
 from progress_sql.eval import ORACLE, run_eval

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from progress_sql.data.build import build_corpus
 from progress_sql.formats import answer_text
 from progress_sql.integrations import skyrl_gym as skyrl_adapter

@@ -51,7 +51,7 @@ from bench_rl_vs_trl import TrlCalls, trl_trainer  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from corpora import half_right_sft, school_corpus, school_settings  # noqa: E402
 
-from progress_sql.config import Settings  # noqa: E402
+from progress_sql.params import Settings  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import run_rl  # noqa: E402

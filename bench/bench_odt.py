@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from progress_sql.config import default_settings
+from progress_sql.params import default_settings
 from progress_sql.odt import diagnose, gold_profile
 from progress_sql.sql.parse import SQLParseError, parse_one, sqlglot_compiled
 

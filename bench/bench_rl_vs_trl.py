@@ -52,7 +52,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from progress_sql import envs, rewards  # noqa: E402
-from progress_sql.config import Settings, load_settings  # noqa: E402
+from progress_sql.params import Settings, load_settings  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, Example, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402

@@ -65,7 +65,7 @@ import torch  # noqa: E402
 
 from progress_sql import envs, rewards  # noqa: E402
 from progress_sql.cli.common import parse_overrides  # noqa: E402
-from progress_sql.config import load_settings  # noqa: E402
+from progress_sql.params import load_settings  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402

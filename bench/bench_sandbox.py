@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from progress_sql.config import SandboxSettings, default_settings
+from progress_sql.params import SandboxSettings, default_settings
 from progress_sql.sql import SQLPool, execute, execute_isolated
 from progress_sql.sql.sandbox import clear_connection_cache
 from progress_sql.sql.worker import Worker

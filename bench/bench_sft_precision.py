@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from progress_sql import rewards  # noqa: E402
-from progress_sql.config import load_settings  # noqa: E402
+from progress_sql.params import load_settings  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout  # noqa: E402
 from progress_sql.envs import SchemaTexts  # noqa: E402
 from progress_sql.inference.models import load_policy  # noqa: E402

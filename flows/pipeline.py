@@ -37,7 +37,7 @@ from prefect.utilities.urls import url_for
 
 from progress_sql import comparisons, stages
 from progress_sql.comparisons.spec import comparisons_dir
-from progress_sql.config import NO_PRESET, Settings, load_settings, preset_names, presets_dir
+from progress_sql.params import NO_PRESET, Settings, load_settings, preset_names, presets_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # A plain dict default (never mutated) makes the Prefect UI draw a JSON editor for overrides;

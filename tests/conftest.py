@@ -132,7 +132,7 @@ def spider(conformance: Path, tmp_path_factory) -> tuple[list[tuple[str, str, st
 @pytest.fixture(scope="module")
 def judge():
     """The batched verdict over a one-worker SQL pool, as the evaluation builds it."""
-    from progress_sql.config import default_settings
+    from progress_sql.params import default_settings
     from progress_sql.sql import BatchVerdicts, GoldCache, SQLPool
 
     sandbox = default_settings().sandbox

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from progress_sql.config import Settings, default_settings, settings_from_dict
+from progress_sql.params import Settings, default_settings, settings_from_dict
 from progress_sql.corpus.records import CorpusLayout, Example, write_jsonl
 from progress_sql.data.build import build_corpus
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from progress_sql.config import dotted_items, load_preset
+from progress_sql.params import dotted_items, load_preset
 from progress_sql.servers import (  # noqa: F401  (re-exported for the tests)
     DEPLOYMENTS,
     QUIET_ENV,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from progress_sql.config import Settings, SettingsError, load_settings, settings_from_dict
+from progress_sql.params import Settings, SettingsError, load_settings, settings_from_dict
 
 from conftest import REPO
 
@@ -30,7 +30,7 @@ def test_params_yaml_equals_model_defaults():
 
 
 def test_params_yaml_lists_every_setting_explicitly():
-    """Every setting but a registered part's own (``config.part_settings``: a recipe's weights,
+    """Every setting but a registered part's own (``params.part_settings``: a recipe's weights,
     a backend's section, a source's folder and share), which params.yaml may list (whole) or
     leave to the part's module."""
     from progress_sql.config_reference import missing_params, unlisted_parts
@@ -212,7 +212,7 @@ def test_a_comparison_file_with_a_duplicate_key_is_an_error(tmp_path: Path):
 
 
 def test_yaml_without_duplicates_still_reads_merge_keys_and_aliases():
-    from progress_sql.config import yaml_load
+    from progress_sql.params import yaml_load
 
     assert yaml_load("base: &b {k: 1, j: 2}\nd:\n  <<: *b\n  k: 3\nl: [*b, *b]\n") == {
         "base": {"k": 1, "j": 2}, "d": {"k": 3, "j": 2}, "l": [{"k": 1, "j": 2}] * 2}

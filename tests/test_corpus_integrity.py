@@ -18,7 +18,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from progress_sql.corpus.integrity import corpus_damage, require_intact  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout  # noqa: E402
 from corpora import small_corpus  # noqa: E402

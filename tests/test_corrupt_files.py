@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql.cli import app  # noqa: E402
-from progress_sql.config import Settings  # noqa: E402
+from progress_sql.params import Settings  # noqa: E402
 from corpora import school_corpus, school_settings  # noqa: E402
 from progress_sql.inference.models import PolicyLoadError  # noqa: E402
 from progress_sql.train.checkpoint import STATE_FILE, CheckpointError, read_checkpoint  # noqa: E402

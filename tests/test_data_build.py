@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from progress_sql.cli import app
 from progress_sql.cli.common import parse_overrides
-from progress_sql.config import SettingsError, settings_from_dict
+from progress_sql.params import SettingsError, settings_from_dict
 from progress_sql.corpus import integrity
 from progress_sql.data import build as build_module
 from progress_sql.data import drafting

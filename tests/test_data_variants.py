@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from progress_sql.data.domains import get_domain
 from progress_sql.data.drafting import Draft, apply_dk_rules, draw_examples, make_example
 from progress_sql.data.generate_db import generate_rows, write_database

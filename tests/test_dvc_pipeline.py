@@ -160,7 +160,7 @@ def test_params_rewritten_by_dvc_load_the_same(tmp_path):
     settings loader must read it back unchanged (YAML 1.1 would read False)."""
     from dvc.utils.serialize import modify_yaml
 
-    from progress_sql.config import load_settings
+    from progress_sql.params import load_settings
 
     params = tmp_path / "params.yaml"
     shutil.copy(REPO / "params.yaml", params)

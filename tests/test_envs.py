@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from progress_sql import envs, rewards
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.corpus.schema import read_tables_json, render_ddl
 from progress_sql.envs import ScriptedPolicy, SchemaTexts, ddl_from_sqlite, rollout

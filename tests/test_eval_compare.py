@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from progress_sql.cli import app
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from corpora import small_corpus
 from progress_sql.eval import ORACLE, run_eval
 from progress_sql.eval.compare import CompareError, compare_runs, mcnemar_exact, read_predictions

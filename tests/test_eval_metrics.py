@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from progress_sql.config import EvalSettings
+from progress_sql.params import EvalSettings
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import CATEGORIES, categories_of, mismatch_rates, prediction_tags
 from progress_sql.corpus.records import Example

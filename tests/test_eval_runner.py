@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from progress_sql.config import EvalSettings, settings_from_dict
+from progress_sql.params import EvalSettings, settings_from_dict
 from corpora import small_corpus
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.eval import ORACLE, run_eval

@@ -32,7 +32,7 @@ from flows.pipeline import (  # noqa: E402
     training_pipeline,
     validate_data,
 )
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 
 PARAMS = str(REPO / "params.yaml")
 STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}  # the stages that log to MLflow

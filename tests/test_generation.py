@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from progress_sql.inference.backends import (  # noqa: E402
     BackendUnavailable,
     GenerationBackend,

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from progress_sql import envs, stages
 from progress_sql.cli import app
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.corpus.schema import create_database, schema_from_spider
 from progress_sql.data.importing import import_corpus

@@ -41,7 +41,7 @@ def test_importing_the_adapters_imports_no_framework():
     code = ("import sys, json; import progress_sql.integrations; "
             "from progress_sql.integrations import trl, verl, skyrl_gym; "
             "mods = ['torch', 'trl', 'transformers', 'verl', 'skyrl_gym', 'mlflow', 'datasets', 'pandas', "
-            "'progress_sql.train', 'progress_sql.config', 'progress_sql.inference']; "
+            "'progress_sql.train', 'progress_sql.params', 'progress_sql.inference']; "
             "print(json.dumps({m: m in sys.modules for m in mods}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

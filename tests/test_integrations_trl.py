@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
     given TRL's Qwen2.5 chat template (ChatML with tool calls), which TRL's tool loop needs."""
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from progress_sql.config import settings_from_dict
+    from progress_sql.params import settings_from_dict
     from progress_sql.train.tiny import build_tiny_model
 
     torch.set_num_threads(2)

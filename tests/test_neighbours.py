@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 from progress_sql.data.build import build_corpus
 from progress_sql.data.domains import get_domain
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, write_database

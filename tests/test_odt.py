@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 from sqlglot import exp
 
-from progress_sql.config import ODTSettings, default_settings
+from progress_sql.params import ODTSettings, default_settings
 from progress_sql.odt import (
     FALLBACK_FEEDBACK,
     GOLD_UNAVAILABLE,

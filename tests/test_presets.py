@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from conftest import REPO
 from progress_sql import sources
 from progress_sql.cli import app
-from progress_sql.config import (
+from progress_sql.params import (
     NO_PRESET,
     SettingsError,
     load_preset,
@@ -236,7 +236,7 @@ def test_a_preset_names_its_import_lists_only_to_leave_out_a_dataset_it_gives(na
 
 # ----------------------------------------------------------------------------- the model folder
 def test_model_settings_name_local_folders_or_hub_ids(tmp_path):
-    from progress_sql.config import is_local_model_path
+    from progress_sql.params import is_local_model_path
 
     for local in (MODEL, "outputs/sft", str(tmp_path / "x"), "./m", "~/m", str(tmp_path)):
         assert is_local_model_path(local), local
@@ -245,7 +245,7 @@ def test_model_settings_name_local_folders_or_hub_ids(tmp_path):
 
 
 def test_a_missing_model_stops_the_stage_at_once_naming_the_setting(tmp_path, monkeypatch):
-    from progress_sql.config import check_model_paths
+    from progress_sql.params import check_model_paths
 
     monkeypatch.chdir(tmp_path)  # no params.yaml, no corpus, no model: built-in defaults, the checkout's presets
     runner = CliRunner()
@@ -424,7 +424,7 @@ def test_a_real_dvc_exp_run_with_a_preset(tmp_path):
     (tmp_path / "params.yaml").write_text(PARAMS.read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "dvc.yaml").write_text(
         "stages:\n  settings:\n"
-        f"    cmd: {sys.executable} -c \"from progress_sql.config import load_settings; "
+        f"    cmd: {sys.executable} -c \"from progress_sql.params import load_settings; "
         "open('settings.json', 'w').write(load_settings().model_dump_json())\"\n"
         "    params: [rl, env, rewards, generation, data, eval, tracking]\n    outs: [settings.json]\n")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
@@ -461,7 +461,7 @@ def test_an_installed_package_finds_its_presets_and_deepspeed_configs_from_any_f
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    probe = ("import progress_sql, progress_sql.config as c, progress_sql.train.distributed as d; "
+    probe = ("import progress_sql, progress_sql.params as c, progress_sql.train.distributed as d; "
              "print(progress_sql.__file__); print(c.load_preset('progress-sql')[1]); "
              "print(d.resolve_config_path('configs/deepspeed/zero3.json'))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True, timeout=300,

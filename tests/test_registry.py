@@ -18,7 +18,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite  # noqa: E402

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from progress_sql.config import SettingsError, settings_from_dict
+from progress_sql.params import SettingsError, settings_from_dict
 from progress_sql.data.build import build_corpus, split_domains
 from progress_sql.data.domains import CATALOGUE, get_domain
 from progress_sql.data.domains.renaming import domain_words, plural, rename_domain, rename_pool, renamed_copies

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from progress_sql import rewards
-from progress_sql.config import RewardSettings, default_settings, settings_from_dict
+from progress_sql.params import RewardSettings, default_settings, settings_from_dict
 from progress_sql.odt import structural_score
 from progress_sql.rewards import Trajectory, Turn, make_turn, parse_output
 from progress_sql.rewards.components import (

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from progress_sql import rewards
-from progress_sql.config import load_settings
+from progress_sql.params import load_settings
 from progress_sql.rewards import LocalJudge, Trajectory, Turn, parse_output
 from progress_sql.rewards.progress import progress_terms
 from progress_sql.sql.result import ExecResult

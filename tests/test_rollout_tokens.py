@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from progress_sql import envs  # noqa: E402
-from progress_sql.config import default_settings  # noqa: E402
+from progress_sql.params import default_settings  # noqa: E402
 from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.inference.backends import Sample, TransformersBackend  # noqa: E402
 from progress_sql.inference.models import chat_prompt_ids, prepare_tokenizer  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from progress_sql.config import SandboxSettings
+from progress_sql.params import SandboxSettings
 from progress_sql.sql import ERROR_KINDS, ExecResult, GoldCache, SQLPool, execute, gold_result
 from progress_sql.sql import sandbox
 from progress_sql.sql.pool import default_gold_cache

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusLayout, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402

@@ -20,7 +20,7 @@ import typer
 
 from progress_sql import sources
 from progress_sql.cli import app
-from progress_sql.config import DataSettings, default_settings
+from progress_sql.params import DataSettings, default_settings
 from progress_sql.data.mix import plan_mix
 from progress_sql.sources import iter_json_array, reading
 from progress_sql.sources.bird import bird_database_path, load_bird

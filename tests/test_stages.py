@@ -18,7 +18,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from progress_sql import stages, tracking  # noqa: E402
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from progress_sql.corpus.records import CorpusError  # noqa: E402
 
 CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 6,
@@ -73,7 +73,7 @@ def test_a_stage_that_fails_leaves_its_run_failed(store, tmp_path):
 @pytest.mark.slow  # a fresh interpreter imports Great Expectations (~5-10 s)
 def test_validate_data_without_tracking_never_imports_mlflow(corpus, tmp_path):
     raw = {"data": CORPUS, "tracking": {"enabled": False}}
-    code = ("import sys; from progress_sql import stages; from progress_sql.config import settings_from_dict; "
+    code = ("import sys; from progress_sql import stages; from progress_sql.params import settings_from_dict; "
             f"report = stages.validate_data(settings_from_dict({raw!r}), {str(corpus)!r}, 'reports'); "
             "print(report.success, 'mlflow' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

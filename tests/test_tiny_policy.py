@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM  # noqa: E402
 
-from progress_sql.config import settings_from_dict  # noqa: E402
+from progress_sql.params import settings_from_dict  # noqa: E402
 from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, read_jsonl  # noqa: E402
 from progress_sql.envs import SchemaTexts, round1_messages  # noqa: E402

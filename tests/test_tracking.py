@@ -18,7 +18,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
-from progress_sql.config import Settings, settings_from_dict  # noqa: E402
+from progress_sql.params import Settings, settings_from_dict  # noqa: E402
 from corpora import small_corpus  # noqa: E402
 from progress_sql.eval import EvalResult  # noqa: E402
 
@@ -254,7 +254,7 @@ def test_configured_store_does_not_stick(tmp_path, monkeypatch):
 KILLED_SCRIPT = """
 import sys, time
 from progress_sql import tracking
-from progress_sql.config import settings_from_dict
+from progress_sql.params import settings_from_dict
 settings = settings_from_dict({"tracking": {"experiment": "killed"}, "data": {"out_dir": "nowhere"}})
 with tracking.pipeline_run(settings, "pipeline"):
     with tracking.stage_run("train", settings):

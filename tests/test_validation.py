@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from progress_sql.config import Settings, settings_from_dict
+from progress_sql.params import Settings, settings_from_dict
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import create_database, read_tables_json
 from progress_sql.data.validation import corpus_frame, validate_corpus

@@ -6,8 +6,8 @@ so the documentation cannot drift from what is validated:
 params.yaml, the settings that params.yaml does not list yet, with their defaults.
 
 The settings of a registered part (a recipe's weights, a backend's section, a dataset source's
-folder and share: ``config.part_settings()``) are optional in params.yaml and listed here only
-where params.yaml lists them; a setting that names parts (``config.registered_settings()``) is
+folder and share: ``params.part_settings()``) are optional in params.yaml and listed here only
+where params.yaml lists them; a setting that names parts (``params.registered_settings()``) is
 documented by its registry, not by a copy of the registry's names. A new part therefore changes
 neither params.yaml nor docs/CONFIG.md."""
 
@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.config import Settings, part_settings, registered_settings, yaml_load
+from progress_sql.params import Settings, part_settings, registered_settings, yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -102,7 +102,7 @@ def reference_markdown(params_text: str) -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Every tunable number of the pipeline, as validated by `progress_sql.config.Settings`",
+        "Every tunable number of the pipeline, as validated by `progress_sql.params.Settings`",
         "when params.yaml is loaded (generated: `python -m progress_sql.config_reference > docs/CONFIG.md`).",
         "Override any key on the command line with `--set key=value`, in DVC with",
         "`dvc exp run -S key=value`, or in a Prefect run with the `overrides` parameter.",

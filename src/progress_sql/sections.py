@@ -2,7 +2,7 @@
 
 Each package owns the section of its own settings (``sql.settings``, ``odt.settings``, a
 recipe's weights beside its code, ``envs.settings``, ``inference.settings``);
-``progress_sql.config`` composes them into the settings of params.yaml.
+``progress_sql.params`` composes them into the settings of params.yaml.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def mlflow_store_uri(root: Path) -> str:
     params.yaml, else ``sqlite:///<root>/mlruns/mlflow.db``; a relative SQLite path made absolute."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
     if not uri and (root / "params.yaml").is_file():
-        from progress_sql.config import SettingsError, load_settings
+        from progress_sql.params import SettingsError, load_settings
 
         try:
             uri = load_settings(root / "params.yaml").tracking.tracking_uri

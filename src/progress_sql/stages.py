@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from progress_sql.files import writer_lock
 
 if TYPE_CHECKING:
-    from progress_sql.config import Settings
+    from progress_sql.params import Settings
     from progress_sql.data.validation import ValidationReport
     from progress_sql.eval.runner import EvalResult
     from progress_sql.eval.summary import PipelineSummary
@@ -96,7 +96,7 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     a run named ``run_name`` (default ``sft <the output format it teaches>``). The result and its
     summary metrics."""
     from progress_sql import rewards
-    from progress_sql.config import check_model_paths
+    from progress_sql.params import check_model_paths
     from progress_sql.corpus.integrity import require_intact
 
     check_model_paths(settings, "sft.init_from")  # a preset's missing model: at once, naming it
@@ -126,7 +126,7 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
     was trained the same way (``resume="auto"``, the DVC stage) or from a checkpoint folder.
     Each step's metrics go to MLflow as ``rl/<key>``, then to ``on_step`` when given; rl.json
     and rl_curve.csv go to ``report_dir``. The result and its summary metrics."""
-    from progress_sql.config import check_model_paths
+    from progress_sql.params import check_model_paths
     from progress_sql.corpus.integrity import require_intact
 
     def log_step(step: int, metrics: dict[str, Any]) -> None:

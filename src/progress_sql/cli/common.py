@@ -13,7 +13,7 @@ import typer
 import yaml
 from typer.core import TyperGroup
 
-from progress_sql.config import (
+from progress_sql.params import (
     Settings,
     SettingsError,
     load_settings,
@@ -96,7 +96,7 @@ def _imported(names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
 def model_or_exit(model: str) -> str:
     """``model`` as given, or exit 2 naming it when it names a local folder (a path: absolute,
     ./ ~, or under models/ or outputs/) that does not exist: a typo of a folder is not a hub id."""
-    from progress_sql.config import is_local_model_path
+    from progress_sql.params import is_local_model_path
 
     if is_local_model_path(model) and not Path(model).expanduser().exists():
         typer.echo(f"error: --model {model}: no such folder (a local model folder; a hub id is ORG/NAME, "

@@ -12,7 +12,7 @@ import typer
 
 from progress_sql import sources, stages
 from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 
 app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=True)
 

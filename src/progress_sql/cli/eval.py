@@ -19,7 +19,7 @@ from progress_sql.cli.common import (
     parse_overrides,
     stage_or_exit,
 )
-from progress_sql.config import EVAL_SPLITS
+from progress_sql.params import EVAL_SPLITS
 
 
 def evaluate(

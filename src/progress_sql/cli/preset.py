@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from progress_sql.cli.common import load_or_exit
-from progress_sql.config import SettingsError, load_preset, preset_names, presets_dir, yaml_load
+from progress_sql.params import SettingsError, load_preset, preset_names, presets_dir, yaml_load
 
 app = typer.Typer(help="The presets of configs/presets/: list, show, as dvc exp run parameters.",
                   no_args_is_help=True)

@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from progress_sql import rewards
-from progress_sql.config import (
+from progress_sql.params import (
     NO_PRESET,
     PACKAGE_CONFIGS,
     Settings,

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from progress_sql.config import DataSettings, Settings
+from progress_sql.params import DataSettings, Settings
 from progress_sql.data.domains import CATALOGUE, Domain
 from progress_sql.data.domains.renaming import renamed_copies
 from progress_sql.data.drafting import Draft, draw_examples

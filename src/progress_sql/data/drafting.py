@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.data.domains.spec import Domain, DKRule
 from progress_sql.data.patterns import FAMILY_BY_NAME, LEVELS, DbContext, Family, ask, families_for
 from progress_sql.data.query import Col, Cond, Select, map_conds, reasoning, render_sql

@@ -53,7 +53,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from progress_sql import sources
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.corpus.integrity import SQLITE_HEADER, sha256_file
 from progress_sql.corpus.records import INDOMAIN, SPLITS, CorpusError, CorpusLayout, Example, write_jsonl
 from progress_sql.corpus.schema import schema_from_spider

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from sqlglot import exp
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.data.domains.spec import Column, Domain
 from progress_sql.data.generate_db import Rows, parent_sampler, ref_value, write_database
 from progress_sql.data.query import Col, Select, all_conds

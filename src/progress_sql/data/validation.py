@@ -41,7 +41,7 @@ from typing import Any
 
 import pandas as pd
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, Example,
                                          question_key, read_json_lines, read_text)
 from progress_sql.corpus.integrity import corpus_damage

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.data.drafting import Draft, apply_dk_rules, make_example, run_gold
 from progress_sql.data.patterns import ask
 from progress_sql.data.phrasing import pluralize

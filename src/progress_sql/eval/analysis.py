@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from progress_sql.config import ODTSettings
+from progress_sql.params import ODTSettings
 from progress_sql.odt import GOLD_UNAVAILABLE, PARSE_ERROR, diagnose
 
 CATEGORIES: dict[str, frozenset[str]] = {

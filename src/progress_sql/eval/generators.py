@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.corpus.records import Example
 from progress_sql.envs.base import Request, episode_of
 from progress_sql.formats import FormatName, answer_text

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from progress_sql.config import EvalSettings
+from progress_sql.params import EvalSettings
 from progress_sql.corpus.records import CORPUS_SPLITS
 from progress_sql.sources import VARIANTS
 from progress_sql.eval import metrics as registry

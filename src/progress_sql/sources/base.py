@@ -1,5 +1,5 @@
 """What a dataset source declares (``DatasetSource``), and its train set as the train draw sees it
-(``TrainSet``). ``progress_sql.config`` composes the ``data.import_*`` settings from the
+(``TrainSet``). ``progress_sql.params`` composes the ``data.import_*`` settings from the
 declarations; ``data.importing`` reads the sources through them."""
 
 from __future__ import annotations

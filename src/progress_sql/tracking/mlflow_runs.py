@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.files import no_stray_sqlite_folder, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:  # a type only: importing the runner would pull in the whole eval stack

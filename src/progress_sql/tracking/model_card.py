@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 
 
 def _model_facts(model_dir: Path) -> list[tuple[str, str]]:

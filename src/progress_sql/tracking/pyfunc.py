@@ -31,7 +31,7 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
     ``evidence``, and returns the greedy outputs in the model's output format."""
 
     def load_context(self, context: Any) -> None:
-        from progress_sql.config import settings_from_dict
+        from progress_sql.params import settings_from_dict
         from progress_sql.inference.policy import ChatModel
 
         config = dict(context.model_config or {})

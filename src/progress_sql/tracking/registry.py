@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from progress_sql.config import Settings, default_settings
+from progress_sql.params import Settings, default_settings
 from progress_sql.files import write_json
 from progress_sql.tracking.mlflow_runs import (
     TrackingError,

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from progress_sql import envs, rewards
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 
 TAIL_CHARS = 400  # of the prompt before a turn: the question and the feedback, not the schema
 TEXT_CHARS = 2000  # of an output or a feedback message

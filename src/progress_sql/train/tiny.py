@@ -27,7 +27,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from progress_sql.config import CopyWarmupSettings, EnvSettings, Settings, default_settings
+from progress_sql.params import CopyWarmupSettings, EnvSettings, Settings, default_settings
 from progress_sql.corpus.records import CorpusError, CorpusLayout, read_jsonl
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.envs.prompts import FINAL_ANSWER, INVALID_ACTION, TURNS_LEFT, system_prompt, user_prompt

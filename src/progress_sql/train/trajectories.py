@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from progress_sql.config import GenerationSettings
+from progress_sql.params import GenerationSettings
 from progress_sql.envs.base import Episode
 from progress_sql.inference.policy import ConversationTokens
 

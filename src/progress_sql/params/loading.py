@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from progress_sql.config.presets import presets_dir, with_preset
-from progress_sql.config.settings import Settings, SettingsError
-from progress_sql.config.yaml_files import read_yaml
+from progress_sql.params.presets import presets_dir, with_preset
+from progress_sql.params.settings import Settings, SettingsError
+from progress_sql.params.yaml_files import read_yaml
 
 
 def _has(tree: Any, dotted: str) -> bool:

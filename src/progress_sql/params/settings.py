@@ -53,7 +53,7 @@ def registered_settings() -> dict[str, Registered]:
         "generation.backend": Registered("a backend of `inference.settings.BACKENDS`", lambda: tuple(BACKENDS)),
         "rl.recipe": Registered("a recipe of `rewards.registry.RECIPES`", rewards.names),
         "rl.env": Registered("an environment of the `envs` registry", envs.names),
-        "rl.algorithm": Registered("an algorithm of `config.ALGORITHMS`", lambda: tuple(ALGORITHMS)),
+        "rl.algorithm": Registered("an algorithm of `params.ALGORITHMS`", lambda: tuple(ALGORITHMS)),
         "rl.loss_aggregation": Registered("auto, or an aggregation of `train.losses.AGGREGATIONS`",
                                           lambda: ("auto", *AGGREGATIONS)),
         "eval.multi_turn_env": Registered("an environment of the `envs` registry whose feedback does not read the gold",

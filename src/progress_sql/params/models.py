@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from progress_sql.config.settings import Settings, SettingsError
+from progress_sql.params.settings import Settings, SettingsError
 
 LOCAL_MODEL_ROOTS = ("models", "outputs")
 MODEL_SETTINGS = ("sft.init_from", "rl.init_from")

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from progress_sql.config.settings import SettingsError
+from progress_sql.params.settings import SettingsError
 
 
 class _Yaml12Loader(yaml.SafeLoader):

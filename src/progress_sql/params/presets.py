@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from progress_sql.config.settings import SettingsError
-from progress_sql.config.yaml_files import read_yaml
+from progress_sql.params.settings import SettingsError
+from progress_sql.params.yaml_files import read_yaml
 
 PRESETS_SUBDIR = Path("configs") / "presets"
 NO_PRESET = "none"  # the name that means "params.yaml as it is" (a choice of the Prefect form)

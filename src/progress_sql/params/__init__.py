@@ -1,7 +1,9 @@
-"""The configuration of the pipeline: the typed settings of params.yaml and how they are loaded.
+"""The parameters of the pipeline: the typed settings of params.yaml and how they are loaded
+(named as the file, apart from ``configs/``, the presets, comparisons and DeepSpeed files it reads;
+``progress_sql.config``, its old name, re-exports it).
 
 One module per concern; the names below are re-exported so that callers import them from
-``progress_sql.config`` whatever module holds them:
+``progress_sql.params`` whatever module holds them:
 
 - ``settings``: the settings sections and the root ``Settings`` (with ``SettingsError``);
 - ``yaml_files``: YAML read as params.yaml is read (YAML 1.2 booleans);
@@ -10,9 +12,9 @@ One module per concern; the names below are re-exported so that callers import t
 - ``models``: which model settings name local folders, and that those exist.
 """
 
-from progress_sql.config.loading import dotted_items, load_settings, settings_from_dict
-from progress_sql.config.models import LOCAL_MODEL_ROOTS, MODEL_SETTINGS, check_model_paths, is_local_model_path
-from progress_sql.config.presets import (
+from progress_sql.params.loading import dotted_items, load_settings, settings_from_dict
+from progress_sql.params.models import LOCAL_MODEL_ROOTS, MODEL_SETTINGS, check_model_paths, is_local_model_path
+from progress_sql.params.presets import (
     NO_PRESET,
     PACKAGE_CONFIGS,
     PRESETS_SUBDIR,
@@ -23,7 +25,7 @@ from progress_sql.config.presets import (
     presets_dir,
     with_preset,
 )
-from progress_sql.config.settings import (
+from progress_sql.params.settings import (
     ALGORITHMS,
     EVAL_SPLITS,
     Algorithm,
@@ -52,7 +54,7 @@ from progress_sql.config.settings import (
     registered_names,
     registered_settings,
 )
-from progress_sql.config.yaml_files import yaml_load
+from progress_sql.params.yaml_files import yaml_load
 
 __all__ = [
     "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NO_PRESET", "PACKAGE_CONFIGS", "PRESETS_SUBDIR",
