@@ -242,7 +242,7 @@ def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, e
     from progress_sql import rewards
     from progress_sql.inference.policy import ChatModel
     from progress_sql.inference.ask import answer_on_database
-    from progress_sql.tracking.registry import local_model_dir
+    from progress_sql.tracking.model_registry import local_model_dir
 
     chat = ChatModel.load(local_model_dir(model, settings), settings.generation, dtype=settings.model.dtype,
                           seed=settings.seed)

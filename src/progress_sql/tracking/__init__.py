@@ -9,7 +9,7 @@
 
 - ``mlflow_runs``: tracking URI, parent and nested runs (their names, kinds and sources), params,
   metrics, artifacts, an evaluation's metrics and files (``log_eval``, ``log_eval_files``);
-- ``registry``: log + register a policy, the champion gate, manual promotion, listing,
+- ``model_registry``: log + register a policy, the champion gate, manual promotion, listing,
   resolving ``models:/name@alias`` to a local policy folder;
 - ``pyfunc``: the pyfunc every version is logged as (it answers with ``inference.ask``);
 - ``model_card``: the card logged with each version;
@@ -45,7 +45,7 @@ from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet en
     stage_run,
     tracking_uri,
 )
-from progress_sql.tracking.registry import (
+from progress_sql.tracking.model_registry import (
     PromotionDecision,
     VersionRow,
     is_registry_uri,
