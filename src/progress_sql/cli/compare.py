@@ -18,7 +18,7 @@ def compare(
 ) -> None:
     """Compare run B with run A: EX of each, examples gained and lost, McNemar p-value."""
     # imported here: progress_sql.eval loads the evaluation runner, which no other command needs
-    from progress_sql.eval.compare import MODES, CompareError, compare_runs, markdown_table
+    from progress_sql.eval.paired import MODES, CompareError, compare_runs, markdown_table
 
     try:
         comparisons = compare_runs(run_a, run_b, splits, modes or MODES)

@@ -3,7 +3,7 @@
 - ``report.md`` and ``report.html``, each standing alone (the figures inlined as data URIs, so
   the Prefect artifact, a mail or a copy show them): the budget, the table in the papers' shape
   (EX per split and mode per arm, mean ± standard deviation over seeds), each arm against the
-  first by the exact McNemar test of ``eval.compare`` (pooled over seeds, and per seed), the ODT
+  first by the exact McNemar test of ``eval.paired`` (pooled over seeds, and per seed), the ODT
   mismatch profile per arm, the cost of each arm, the failures;
 - ``table.json``: the table's numbers (what the three ways of running must agree on);
 - ``curves.png``: RL reward and rollout EX per step, every arm (mean over seeds);
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from progress_sql.comparisons.spec import JobResult, Plan
-from progress_sql.eval.compare import MODES, compare_split, read_predictions
+from progress_sql.eval.paired import MODES, compare_split, read_predictions
 from progress_sql.eval.reports import markdown_table
 from progress_sql.files import write_json, write_text
 

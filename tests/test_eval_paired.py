@@ -13,7 +13,7 @@ from progress_sql.cli import app
 from progress_sql.params import settings_from_dict
 from corpora import small_corpus
 from progress_sql.eval import ORACLE, run_eval
-from progress_sql.eval.compare import CompareError, compare_runs, mcnemar_exact, read_predictions
+from progress_sql.eval.paired import CompareError, compare_runs, mcnemar_exact, read_predictions
 from progress_sql.eval.generators import Completion
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
