@@ -7,7 +7,7 @@
 Modules: ``runner`` (``run_eval``), ``generators`` (what is evaluated: a model or the
 oracle), ``voting`` (Vote@k, pass@k), ``metrics`` (the registry of
 reported metrics), ``analysis`` (the paper's Table 8), ``reports`` (Markdown and CSV tables),
-``plots`` (PNG), ``compare`` (two runs paired by example: gained, lost, McNemar p). torch is
+``plots`` (PNG), ``paired`` (two runs paired by example: gained, lost, McNemar p). torch is
 imported only when a model (not the oracle) is evaluated; nothing here logs to MLflow
 (``tracking.log_eval`` does, above this package).
 """
