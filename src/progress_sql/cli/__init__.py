@@ -7,7 +7,7 @@ import importlib.util
 
 import typer
 
-from progress_sql.cli.common import PRESET_HELP, Commands, set_preset
+from progress_sql.cli.common import PRESET_HELP, Commands, Invocation
 from progress_sql.cli.compare import compare
 from progress_sql.cli.odt import app as odt_app
 from progress_sql.cli.preset import app as preset_app
@@ -26,10 +26,11 @@ app.command("compare")(compare)
 
 @app.callback()
 def _global_options(
+    ctx: typer.Context,
     preset: str = typer.Option(None, "--preset", metavar="NAME", help=PRESET_HELP),
 ) -> None:
     """Multi-turn RL post-training for Text-to-SQL (Progress-SQL and baselines)."""
-    set_preset(preset)
+    ctx.obj = Invocation(preset or None)
 
 
 def _register_optional() -> None:

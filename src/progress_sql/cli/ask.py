@@ -9,6 +9,7 @@ from progress_sql.cli.common import SET_HELP, load_or_exit, model_or_exit, parse
 
 
 def ask(
+    ctx: typer.Context,
     question: str = typer.Argument(..., help="The question, in natural language"),
     model: str = typer.Option(..., "--model", help="models:/NAME@champion, models:/NAME/N, a model folder or hub id"),
     db: str = typer.Option(..., "--db", help="The SQLite database the question is about (opened read-only)"),
@@ -23,7 +24,7 @@ def ask(
     from progress_sql.inference.models import PolicyLoadError
     from progress_sql.tracking import TrackingError
 
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     model = model_or_exit(model)
     try:
         answer = stages.ask(settings, model, db, question, evidence=evidence)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,18 +28,17 @@ SET_HELP = "Override a setting, e.g. --set data.train_size=200 (repeatable; the 
 PRESET_HELP = ("A preset of configs/presets/ (or a YAML file) merged over the settings file before the --set "
                "overrides, e.g. cpu-demo (the one-minute demo sizes)")
 
-_preset: str | None = None  # the global --preset of this invocation (set by the app's callback)
+@dataclass(frozen=True)
+class Invocation:
+    """What the options before the command give it (``progress-sql --preset NAME data build``):
+    the group's callback puts it in its context's ``obj``, which every command's context inherits."""
+
+    preset: str | None = None
 
 
-def set_preset(name: str | None) -> None:
-    """Record the global ``--preset`` for the commands of this invocation."""
-    global _preset
-    _preset = name or None
-
-
-def current_preset() -> str | None:
-    """The global ``--preset`` of this invocation (None: none given)."""
-    return _preset
+def global_preset(ctx: typer.Context) -> str | None:
+    """The ``--preset`` given before the command (None: none given)."""
+    return ctx.obj.preset if isinstance(ctx.obj, Invocation) else None
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -55,12 +55,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_or_exit(params: str, overrides: dict | None = None, preset: str | None = None) -> Settings:
+def load_or_exit(ctx: typer.Context, params: str, overrides: dict | None = None, preset: str | None = None) -> Settings:
     """Settings from ``params`` (built-in defaults when the default params.yaml is absent), the
-    preset (default: the global ``--preset``) merged in, then the overrides; a bad file, preset
-    or override ends the command with its message and exit code 2."""
+    preset (default: the ``--preset`` given before the command) merged in, then the overrides; a
+    bad file, preset or override ends the command with its message and exit code 2."""
     path = Path(params)
-    preset = preset if preset is not None else _preset
+    preset = preset if preset is not None else global_preset(ctx)
     try:
         if params == "params.yaml" and not path.exists():
             raw, source = with_preset({}, preset, "built-in defaults", presets_dir())

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import typer
 
-from progress_sql.cli.common import PRESET_HELP, SET_HELP, current_preset, parse_overrides
+from progress_sql.cli.common import PRESET_HELP, SET_HELP, global_preset, parse_overrides
 
 
 def compare_run(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="A comparison of configs/comparisons/ (methods, ablations) or a YAML file"),
     preset: str = typer.Option(None, "--preset", metavar="SCALE",
                                help=PRESET_HELP + "; here the scale every arm runs at (default: the global --preset)"),
@@ -29,7 +30,7 @@ def compare_run(
     if seeds is not None:
         budget_overrides["seeds"] = seeds
     try:
-        plan = make_plan(name, params, preset or current_preset() or "", budget_overrides=budget_overrides,
+        plan = make_plan(name, params, preset or global_preset(ctx) or "", budget_overrides=budget_overrides,
                          overrides=parse_overrides(overrides), arms=arms)
     except ComparisonError as err:
         typer.echo(f"error: {err}", err=True)

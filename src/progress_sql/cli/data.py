@@ -19,6 +19,7 @@ app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=Tr
 
 @app.command("build")
 def build(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
     out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -26,7 +27,7 @@ def build(
 ) -> None:
     """Generate the bundled corpus: databases, splits, robustness variants, neighbours (or, with
     data.source import, import the datasets data.import_* name: see `data import`)."""
-    manifest, target = _build_data(load_or_exit(params, parse_overrides(overrides)), out, progress)
+    manifest, target = _build_data(load_or_exit(ctx, params, parse_overrides(overrides)), out, progress)
     if manifest.get("source") == "import":
         _echo_import(manifest, target)
         return
@@ -49,13 +50,16 @@ def source_options(command: Callable[..., None]) -> Callable[..., None]:
     per_source = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                                     default=typer.Option(None, f"--{s.option}", help=f"{s.about} (data.{s.setting})"))
                   for s in sources.SOURCES]
-    command.__signature__ = inspect.Signature([*per_source, *own])  # type: ignore[attr-defined]
+    leading = [p for p in own if p.kind is not p.KEYWORD_ONLY]  # the typer.Context, before the options
+    rest = [p for p in own if p.kind is p.KEYWORD_ONLY]
+    command.__signature__ = inspect.Signature([*leading, *per_source, *rest])  # type: ignore[attr-defined]
     return command
 
 
 @app.command("import")
 @source_options
 def import_datasets(
+    ctx: typer.Context,
     *,
     test_suite: str = typer.Option(None, "--test-suite",
                                    help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)"),
@@ -72,7 +76,7 @@ def import_datasets(
     extra = {f"data.{sources.get(name).setting}": path for name, path in given.items() if path is not None}
     if test_suite is not None:
         extra["data.import_test_suite"] = test_suite
-    settings = load_or_exit(params, {**parse_overrides(overrides), **extra, "data.source": "import"})
+    settings = load_or_exit(ctx, params, {**parse_overrides(overrides), **extra, "data.source": "import"})
     _echo_import(*_build_data(settings, out, progress))
 
 
@@ -107,6 +111,7 @@ def _echo_import(manifest: dict, target: Path) -> None:
 
 @app.command("validate")
 def validate(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
     corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
     report_dir: str = typer.Option("reports/data", "--report-dir", help="Where validation.json/.md go"),
@@ -118,7 +123,7 @@ def validate(
     del progress  # the suite runs with Great Expectations' own bars off: nothing to show or hide
     from progress_sql.corpus.records import CorpusError
 
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     errors: tuple[type[BaseException], ...] = (CorpusError,)
     if settings.tracking.enabled:  # MLflow (an optional extra) is imported only when used
         from progress_sql.tracking import TrackingError
@@ -138,6 +143,7 @@ def validate(
 
 @app.command("export-verl")
 def export_verl(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
     corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
     out: str = typer.Option("data/verl", "--out", help="Folder for <split>.parquet"),
@@ -153,7 +159,7 @@ def export_verl(
     from progress_sql.corpus.records import CorpusError
     from progress_sql.integrations.verl import export_parquet
 
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     try:
         written = export_parquet(corpus or settings.data.out_dir, out, splits, recipe, settings, protocol=protocol,
                                  limit=limit)

@@ -23,6 +23,7 @@ from progress_sql.params import EVAL_SPLITS
 
 
 def evaluate(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", help="Model folder, hub id, models:/NAME@ALIAS, models:/NAME/N, "
                                                    "'oracle' (gold SQL) or 'smollm2'"),
     splits: list[str] = typer.Option([], "--split", help=f"Split or variant: {', '.join(EVAL_SPLITS)} "
@@ -35,7 +36,7 @@ def evaluate(
 ) -> None:
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
     die_with_dvc()
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     model = model_or_exit(model)
     out_dir = Path(out or settings.eval.out_dir)
     with stage_or_exit("evaluate", POLICY_ERRORS, writes=out_dir):

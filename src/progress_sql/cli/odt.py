@@ -13,6 +13,7 @@ app = typer.Typer(help="Oracle-guided Diagnostic Tree: structural diagnosis of S
 
 @app.command("diff")
 def diff(
+    ctx: typer.Context,
     pred: str = typer.Argument(..., help="Predicted SQL"),
     gold: str = typer.Argument(..., help="Gold (reference) SQL"),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object with score, tags, feedback"),
@@ -21,7 +22,7 @@ def diff(
     """Print the structural score, the diagnostic tags and the feedback the policy would see."""
     from progress_sql.odt import diagnose
 
-    settings = load_or_exit(params)
+    settings = load_or_exit(ctx, params)
     d = diagnose(pred, gold, settings.odt)
     if as_json:
         typer.echo(json.dumps({"score": d.score, "tags": list(d.tags), "feedback": d.feedback}))

@@ -66,10 +66,10 @@ def set_params(overlay: dict[str, Any], listed: set[str] | None = None) -> list[
     return args
 
 
-def _checked_overlay(name: str, params: str) -> dict[str, Any]:
+def _checked_overlay(ctx: typer.Context, name: str, params: str) -> dict[str, Any]:
     """The overlay of preset ``name``, validated over ``params`` as every command loads it;
     exit 2 with the message."""
-    load_or_exit(params, preset=name)
+    load_or_exit(ctx, params, preset=name)
     try:
         return load_preset(name, presets_dir(params))[0]
     except SettingsError as err:  # not reached: load_or_exit read the same file
@@ -100,13 +100,14 @@ def list_presets(params: str = typer.Option("params.yaml", "--params", help=PARA
 
 @app.command("show")
 def show(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="A preset of configs/presets/ (or a YAML file)"),
     as_set: bool = typer.Option(False, "--as-set", help="Print `-S key=value` arguments of `dvc exp run`: "
                                                         "dvc exp run $(progress-sql preset show NAME --as-set)"),
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
 ) -> None:
     """The settings a preset changes (validated over the settings file), one `key: value` a line."""
-    overlay = _checked_overlay(name, params)
+    overlay = _checked_overlay(ctx, name, params)
     if not as_set:
         for key, value in leaves(overlay).items():
             typer.echo(f"{key}: {hydra_value(value)}")

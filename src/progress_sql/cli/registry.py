@@ -18,10 +18,10 @@ PARAMS_HELP = "Settings file (defaults when absent)"
 NAME_HELP = "Registered model name (default: tracking.model_name)"
 
 
-def _registry_settings(params: str, overrides: list[str], name: str | None):
+def _registry_settings(ctx: typer.Context, params: str, overrides: list[str], name: str | None):
     """Settings and the registered model's name for a registry command; exit 2 when tracking
     is off (the registry lives in MLflow)."""
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     if not settings.tracking.enabled:
         typer.echo("error: tracking.enabled is false: the registry needs MLflow", err=True)
         raise typer.Exit(2)
@@ -35,6 +35,7 @@ def _fail(err: Exception) -> None:
 
 @app.command("register")
 def register(
+    ctx: typer.Context,
     model_dir: str = typer.Option(..., "--model-dir", help="The policy folder to register (save_pretrained output)"),
     metrics: str = typer.Option(None, "--metrics", help="Evaluation metrics.json (nested) or a flat JSON; "
                                                         "its eval.gate_metric decides the promotion"),
@@ -47,7 +48,7 @@ def register(
     from progress_sql.eval.metrics import flat_metrics
     from progress_sql.files import write_json
 
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     name = name or settings.tracking.model_name
     if not settings.tracking.enabled:
         if out:  # the pipeline runs on without MLflow; the stage still leaves its output
@@ -70,6 +71,7 @@ def register(
 
 @app.command("promote")
 def promote(
+    ctx: typer.Context,
     version: int = typer.Option(..., "--version", min=1, help="The version that becomes champion"),
     name: str = typer.Option(None, "--name", help=NAME_HELP),
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
@@ -78,7 +80,7 @@ def promote(
     """Move the champion alias to a version by hand (no gate)."""
     from progress_sql import tracking
 
-    settings, name = _registry_settings(params, overrides, name)
+    settings, name = _registry_settings(ctx, params, overrides, name)
     try:
         previous = tracking.promote(name, version, settings)
     except tracking.TrackingError as err:
@@ -90,6 +92,7 @@ def promote(
 
 @app.command("show")
 def show(
+    ctx: typer.Context,
     name: str = typer.Option(None, "--name", help=NAME_HELP),
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -97,7 +100,7 @@ def show(
     """List the versions: aliases, gate metric, decision, run."""
     from progress_sql import tracking
 
-    settings, name = _registry_settings(params, overrides, name)
+    settings, name = _registry_settings(ctx, params, overrides, name)
     try:
         rows = tracking.show(name, settings)
     except tracking.TrackingError as err:

@@ -11,6 +11,7 @@ from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
 
 
 def summary(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
     registry_report: str = typer.Option("reports/registry.json", "--registry-report",
                                         help="The register stage's output"),
@@ -18,5 +19,5 @@ def summary(
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Print the pipeline's results: EX per split, the RL curve, artefacts and MLflow run."""
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     typer.echo(stages.summary(settings, registry_report=registry_report, mlflow=mlflow).render())

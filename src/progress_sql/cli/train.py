@@ -32,6 +32,7 @@ REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / pl
 
 @app.command("init")
 def init(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Model folder (default: model.base_dir)"),
@@ -42,7 +43,7 @@ def init(
 ) -> None:
     """Build the tiny policy (a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained),
     or save a pretrained one (--model, model.pretrained) as a plain model folder."""
-    settings = load_or_exit(params, {**parse_overrides(overrides), **({"model.pretrained": model} if model else {})})
+    settings = load_or_exit(ctx, params, {**parse_overrides(overrides), **({"model.pretrained": model} if model else {})})
     with stage_or_exit("init_model", POLICY_ERRORS, writes=out or settings.model.base_dir):
         path = stages.init_model(settings, Path(corpus or settings.data.out_dir), out, progress=progress)
     if settings.model.pretrained:
@@ -63,6 +64,7 @@ def init(
 
 @app.command("sft")
 def sft(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Model folder (default: sft.out_dir)"),
@@ -72,7 +74,7 @@ def sft(
 ) -> None:
     """Supervised warm start on the train split (gold SQL in the recipe's tags, revision dialogues)."""
     die_with_dvc()
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     with stage_or_exit("sft", POLICY_ERRORS, writes=out or settings.sft.out_dir):
         result, _ = stages.sft(settings, Path(corpus or settings.data.out_dir), out=out, report_dir=report_dir,
                                progress=progress)
@@ -84,6 +86,7 @@ def sft(
 
 @app.command("rl")
 def rl(
+    ctx: typer.Context,
     params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
     corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
     out: str = typer.Option(None, "--out", help="Run folder (default: rl.out_dir); the policy goes to OUT/final"),
@@ -102,7 +105,7 @@ def rl(
     if auto_resume and (resume or resume_from):
         raise typer.BadParameter("--auto-resume decides itself: give no --resume or --resume-from with it",
                                  param_hint="--auto-resume")
-    settings = load_or_exit(params, parse_overrides(overrides))
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
     start: bool | str | Path = Path(resume_from) if resume_from else "auto" if auto_resume else resume
     with stage_or_exit("train", POLICY_ERRORS, writes=out or settings.rl.out_dir):
         result, summary = stages.train_rl(settings, Path(corpus or settings.data.out_dir), out=out, resume=start,
