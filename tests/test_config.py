@@ -59,6 +59,7 @@ def test_missing_params_gives_the_yaml_of_what_params_yaml_lacks():
     assert unlisted_parts(text) - unlisted_parts(PARAMS.read_text()) == {"rewards.skyrl", "generation.vllm",
                                                                          "data.import_spider_dk"}
     assert set(yaml.safe_load(missing_params(text))) == {"rl", "rewards"}
+    assert yaml.safe_load(missing_params(text, parts=True))["rewards"]["skyrl"] == defaults.rewards.skyrl.model_dump()
     assert settings_from_dict(yaml.safe_load(text)).rewards.skyrl == defaults.rewards.skyrl
     assert "`rewards.skyrl." not in reference_markdown(text) and "`rewards.progress.gamma`" in reference_markdown(text)
 

@@ -3,7 +3,8 @@ comments of params.yaml (the project's: that of the working directory or a folde
 so the documentation cannot drift from what is validated:
 ``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two).
 ``python -m progress_sql.config_reference --missing`` prints, as YAML to paste into
-params.yaml, the settings that params.yaml does not list yet, with their defaults.
+params.yaml, the settings that params.yaml does not list yet, with their defaults (``--parts``:
+the optional settings of registered parts too).
 
 The settings of a registered part (a recipe's weights, a backend's section, a dataset source's
 folder and share: ``params.part_settings()``) are optional in params.yaml and listed here only
@@ -122,12 +123,13 @@ def reference_markdown(params_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def missing_params(params_text: str) -> str:
+def missing_params(params_text: str, parts: bool = False) -> str:
     """The settings with no key in ``params_text`` (a params.yaml), as YAML of their defaults
     nested under their sections ('' when none is missing). A registered part's settings that
-    params.yaml does not list at all are optional (``part_settings``) and not missing."""
+    params.yaml does not list at all are optional (``part_settings``) and not missing, unless
+    ``parts`` (to list a new part's settings in params.yaml)."""
     listed = yaml_load(params_text) or {}
-    optional = unlisted_parts(params_text)
+    optional = set() if parts else unlisted_parts(params_text)
     missing: dict[str, Any] = {}
 
     def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any], prefix: str) -> None:
@@ -159,13 +161,13 @@ def find_params(start_dir: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m progress_sql.config_reference [--missing]`` on the project's params.yaml."""
+    """``python -m progress_sql.config_reference [--missing [--parts]]`` on the project's params.yaml."""
     try:
         text = find_params().read_text(encoding="utf-8")
     except FileNotFoundError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    sys.stdout.write(missing_params(text) if "--missing" in argv else reference_markdown(text))
+    sys.stdout.write(missing_params(text, "--parts" in argv) if "--missing" in argv else reference_markdown(text))
     return 0
 
 
