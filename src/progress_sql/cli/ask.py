@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from progress_sql.cli.common import SET_HELP, load_or_exit, model_or_exit, parse_overrides
+from progress_sql.cli.common import Overrides, ParamsFile, load_or_exit, model_or_exit, parse_overrides
 
 
 def ask(
@@ -14,8 +14,8 @@ def ask(
     model: str = typer.Option(..., "--model", help="models:/NAME@champion, models:/NAME/N, a model folder or hub id"),
     db: str = typer.Option(..., "--db", help="The SQLite database the question is about (opened read-only)"),
     evidence: str = typer.Option("", "--evidence", help="External knowledge for the question (BIRD-style)"),
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    params: ParamsFile = "params.yaml",
+    overrides: Overrides = [],
 ) -> None:
     """Generate SQL for a question (greedy, the output format of rl.recipe) and run it read-only."""
     from progress_sql.corpus.records import CorpusError

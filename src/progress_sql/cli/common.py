@@ -7,7 +7,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator
 
 import click
 import typer
@@ -25,6 +25,12 @@ from progress_sql.params import (
 )
 
 SET_HELP = "Override a setting, e.g. --set data.train_size=200 (repeatable; the value is read as YAML)"
+# The options most commands share, one home each (typer reads the option from the Annotated type):
+# ``params: ParamsFile = "params.yaml"``, ``overrides: Overrides = []``, ...
+ParamsFile = Annotated[str, typer.Option("--params", help="Settings file (defaults when absent)")]
+Overrides = Annotated[list[str], typer.Option("--set", help=SET_HELP)]
+CorpusDir = Annotated[str, typer.Option("--corpus", help="Corpus folder (default: data.out_dir)")]
+ProgressBar = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar")]
 PRESET_HELP = ("A preset of configs/presets/ (or a YAML file) merged over the settings file before the --set "
                "overrides, e.g. cpu-demo (the one-minute demo sizes)")
 

@@ -11,7 +11,14 @@ from typing import Callable
 import typer
 
 from progress_sql import sources, stages
-from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
+from progress_sql.cli.common import (
+    CorpusDir,
+    Overrides,
+    ParamsFile,
+    ProgressBar,
+    load_or_exit,
+    parse_overrides,
+)
 from progress_sql.params import Settings
 
 app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=True)
@@ -20,10 +27,10 @@ app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=Tr
 @app.command("build")
 def build(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    params: ParamsFile = "params.yaml",
     out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
 ) -> None:
     """Generate the bundled corpus: databases, splits, robustness variants, neighbours (or, with
     data.source import, import the datasets data.import_* name: see `data import`)."""
@@ -46,7 +53,7 @@ def source_options(command: Callable[..., None]) -> Callable[..., None]:
     ``sources.SOURCES``), passed to it in ``**given`` by source name, ahead of its own options.
     Typer reads a command's options from its signature, so options that follow the registry are
     parameters added to it here, not written out (a new source then needs no change here)."""
-    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
     per_source = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                                     default=typer.Option(None, f"--{s.option}", help=f"{s.about} (data.{s.setting})"))
                   for s in sources.SOURCES]
@@ -63,10 +70,10 @@ def import_datasets(
     *,
     test_suite: str = typer.Option(None, "--test-suite",
                                    help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)"),
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    params: ParamsFile = "params.yaml",
     out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
     **given: str | None,
 ) -> None:
     """Import the registered dataset sources (Spider / BIRD / SynSQL-2.5M, Spider-Syn / -Realistic /
@@ -112,10 +119,10 @@ def _echo_import(manifest: dict, target: Path) -> None:
 @app.command("validate")
 def validate(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
-    corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
     report_dir: str = typer.Option("reports/data", "--report-dir", help="Where validation.json/.md go"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overrides: Overrides = [],
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Accepted as by every stage's command (validation draws no bar)"),
 ) -> None:
@@ -144,15 +151,15 @@ def validate(
 @app.command("export-verl")
 def export_verl(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
-    corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
     out: str = typer.Option("data/verl", "--out", help="Folder for <split>.parquet"),
     splits: list[str] = typer.Option(["train", "dev"], "--split", help="Split to export (repeatable)"),
     recipe: str = typer.Option(None, "--recipe",
                                help="Reward recipe whose output format the prompts ask for (default: the protocol's)"),
     protocol: str = typer.Option("odt", "--protocol", help="Multi-turn protocol whose interaction the rows name"),
     limit: int = typer.Option(None, "--limit", help="At most this many examples per split"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overrides: Overrides = [],
 ) -> None:
     """Write the corpus as verl's RL parquet files (prompt, reward_model, extra_info with the
     database path and the protocol's interaction kwargs): see docs/integrations/verl.md."""

@@ -11,8 +11,10 @@ import typer
 
 from progress_sql import stages
 from progress_sql.cli.common import (
+    CorpusDir,
+    Overrides,
     POLICY_ERRORS,
-    SET_HELP,
+    ParamsFile,
     die_with_dvc,
     load_or_exit,
     model_or_exit,
@@ -29,9 +31,9 @@ def evaluate(
     splits: list[str] = typer.Option([], "--split", help=f"Split or variant: {', '.join(EVAL_SPLITS)} "
                                                          "(repeatable; default: eval.splits)"),
     out: str = typer.Option(None, "--out", help="Output folder (default: eval.out_dir)"),
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
-    corpus: str = typer.Option(None, "--corpus", help="Corpus folder (default: data.out_dir)"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
+    overrides: Overrides = [],
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars"),
 ) -> None:
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from progress_sql.cli.common import load_or_exit
+from progress_sql.cli.common import ParamsFile, load_or_exit
 
 app = typer.Typer(help="Oracle-guided Diagnostic Tree: structural diagnosis of SQL.", no_args_is_help=True)
 
@@ -17,7 +17,7 @@ def diff(
     pred: str = typer.Argument(..., help="Predicted SQL"),
     gold: str = typer.Argument(..., help="Gold (reference) SQL"),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object with score, tags, feedback"),
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    params: ParamsFile = "params.yaml",
 ) -> None:
     """Print the structural score, the diagnostic tags and the feedback the policy would see."""
     from progress_sql.odt import diagnose

@@ -4,18 +4,19 @@ version by hand, list versions (the DVC stage ``register`` runs ``registry regis
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated, Iterator
 
 import typer
 
 from progress_sql import stages
-from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides, stage_or_exit
+from progress_sql.cli.common import Overrides, ParamsFile, load_or_exit, parse_overrides, stage_or_exit
 
 app = typer.Typer(help="The MLflow model registry: register, promote, show.", no_args_is_help=True)
 
-PARAMS_HELP = "Settings file (defaults when absent)"
-NAME_HELP = "Registered model name (default: tracking.model_name)"
+ModelName = Annotated[str, typer.Option("--name", help="Registered model name (default: tracking.model_name)")]
 
 
 def _registry_settings(ctx: typer.Context, params: str, overrides: list[str], name: str | None):
@@ -28,9 +29,16 @@ def _registry_settings(ctx: typer.Context, params: str, overrides: list[str], na
     return settings, name or settings.tracking.model_name
 
 
-def _fail(err: Exception) -> None:
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(1) from None
+@contextmanager
+def _tracking_errors() -> Iterator[None]:
+    """A TrackingError inside ends the command with its message and exit code 1."""
+    from progress_sql.tracking import TrackingError
+
+    try:
+        yield
+    except TrackingError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("register")
@@ -40,9 +48,9 @@ def register(
     metrics: str = typer.Option(None, "--metrics", help="Evaluation metrics.json (nested) or a flat JSON; "
                                                         "its eval.gate_metric decides the promotion"),
     out: str = typer.Option(None, "--out", help="Write the decision as JSON here (the DVC stage's output)"),
-    name: str = typer.Option(None, "--name", help=NAME_HELP),
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    name: ModelName = None,
+    params: ParamsFile = "params.yaml",
+    overrides: Overrides = [],
 ) -> None:
     """Log and register a model version; move the champion alias only if it beats the champion."""
     from progress_sql.eval.metrics import flat_metrics
@@ -73,18 +81,16 @@ def register(
 def promote(
     ctx: typer.Context,
     version: int = typer.Option(..., "--version", min=1, help="The version that becomes champion"),
-    name: str = typer.Option(None, "--name", help=NAME_HELP),
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    name: ModelName = None,
+    params: ParamsFile = "params.yaml",
+    overrides: Overrides = [],
 ) -> None:
     """Move the champion alias to a version by hand (no gate)."""
     from progress_sql import tracking
 
     settings, name = _registry_settings(ctx, params, overrides, name)
-    try:
+    with _tracking_errors():
         previous = tracking.promote(name, version, settings)
-    except tracking.TrackingError as err:
-        _fail(err)
     alias = settings.tracking.champion_alias
     before = f"v{previous}" if previous is not None else "none"
     typer.echo(f"{name}: {alias} → v{version} (previous {alias}: {before})")
@@ -93,18 +99,16 @@ def promote(
 @app.command("show")
 def show(
     ctx: typer.Context,
-    name: str = typer.Option(None, "--name", help=NAME_HELP),
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    name: ModelName = None,
+    params: ParamsFile = "params.yaml",
+    overrides: Overrides = [],
 ) -> None:
     """List the versions: aliases, gate metric, decision, run."""
     from progress_sql import tracking
 
     settings, name = _registry_settings(ctx, params, overrides, name)
-    try:
+    with _tracking_errors():
         rows = tracking.show(name, settings)
-    except tracking.TrackingError as err:
-        _fail(err)
     gate = settings.eval.gate_metric
     typer.echo(f"{name} ({tracking.tracking_uri(settings)}): {len(rows)} version(s); gate {gate}")
     typer.echo(f"{'version':>7}  {'aliases':12s} {gate:>14s}  {'decision':9s} {'created (UTC)':16s}  run")

@@ -7,16 +7,16 @@ from __future__ import annotations
 import typer
 
 from progress_sql import stages
-from progress_sql.cli.common import SET_HELP, load_or_exit, parse_overrides
+from progress_sql.cli.common import Overrides, ParamsFile, load_or_exit, parse_overrides
 
 
 def summary(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help="Settings file (defaults when absent)"),
+    params: ParamsFile = "params.yaml",
     registry_report: str = typer.Option("reports/registry.json", "--registry-report",
                                         help="The register stage's output"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Look up the registered version's MLflow run"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overrides: Overrides = [],
 ) -> None:
     """Print the pipeline's results: EX per split, the RL curve, artefacts and MLflow run."""
     settings = load_or_exit(ctx, params, parse_overrides(overrides))

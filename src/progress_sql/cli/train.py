@@ -13,8 +13,11 @@ import typer
 
 from progress_sql import stages
 from progress_sql.cli.common import (
+    CorpusDir,
+    Overrides,
     POLICY_ERRORS,
-    SET_HELP,
+    ParamsFile,
+    ProgressBar,
     die_with_dvc,
     load_or_exit,
     parse_overrides,
@@ -23,8 +26,6 @@ from progress_sql.cli.common import (
 
 app = typer.Typer(help="Build, warm-start (SFT) and RL-train the policy.", no_args_is_help=True)
 
-PARAMS_HELP = "Settings file (defaults when absent)"
-CORPUS_HELP = "Corpus folder (default: data.out_dir)"
 REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / plots)"
 
 
@@ -33,13 +34,13 @@ REPORT_HELP = "Where the stage's metrics JSON and curve CSV go (dvc metrics / pl
 @app.command("init")
 def init(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
     out: str = typer.Option(None, "--out", help="Model folder (default: model.base_dir)"),
     model: str = typer.Option(None, "--model", help="Start from this pretrained model instead of the tiny one "
                                                      "(model.pretrained): smollm2, a model folder or a hub id"),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
 ) -> None:
     """Build the tiny policy (a BPE tokenizer trained on the corpus, a model from model.*, copy-pretrained),
     or save a pretrained one (--model, model.pretrained) as a plain model folder."""
@@ -65,12 +66,12 @@ def init(
 @app.command("sft")
 def sft(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
     out: str = typer.Option(None, "--out", help="Model folder (default: sft.out_dir)"),
     report_dir: str = typer.Option("reports/train", "--report-dir", help=REPORT_HELP),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
 ) -> None:
     """Supervised warm start on the train split (gold SQL in the recipe's tags, revision dialogues)."""
     die_with_dvc()
@@ -87,8 +88,8 @@ def sft(
 @app.command("rl")
 def rl(
     ctx: typer.Context,
-    params: str = typer.Option("params.yaml", "--params", help=PARAMS_HELP),
-    corpus: str = typer.Option(None, "--corpus", help=CORPUS_HELP),
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
     out: str = typer.Option(None, "--out", help="Run folder (default: rl.out_dir); the policy goes to OUT/final"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run folder"),
     auto_resume: bool = typer.Option(
@@ -97,8 +98,8 @@ def rl(
                                      "(the DVC stage's way)"),
     resume_from: Optional[str] = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder"),
     report_dir: str = typer.Option("reports/train", "--report-dir", help=REPORT_HELP),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
 ) -> None:
     """Multi-turn RL (GRPO / GSPO / Dr.GRPO) with the reward recipe and environment of rl.*."""
     die_with_dvc()
