@@ -82,7 +82,7 @@ print(json.dumps({{
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["protocols"] == ["odt", "retry", "sql_tool"]
+    assert {"odt", "retry", "sql_tool"} <= set(got["protocols"])
     assert (got["skyrl"], got["verl"], got["recipe"]) == ("retry", "retry", "oneshot")
     assert got["tool"] == "(text: str) -> str" and got["reply"] == trl_adapter.CORRECT
 
