@@ -14,8 +14,10 @@ memory is the rise of the process's resident high-water mark (``VmHWM``, reset t
 - ``chunk-0``: ``train.logprobs.token_logprobs`` with ``chunk_mb: 0`` (one chunk, no recompute);
 - ``chunk-N``: the same with ``chunk_mb: N`` (``--chunks``, default: params.yaml's 256).
 
+``--no-grad`` scores without gradients instead (the old and reference log-probabilities).
+
     python bench/bench_logprobs.py [--rows 4] [--length 512] [--hidden 896] [--repeats 5] \
-        [--chunks 256,64] [--threads 2]
+        [--chunks 256,64] [--threads 2] [--no-grad]
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     batch = token_batch(trajs, packed=True, pad_id=0, device="cpu")
 
     def step() -> None:
-        if variant == "full":
-            logp = _full_logits_logprobs(model, ids)
-        else:
-            logp = token_logprobs(model, batch, chunk_mb=float(variant.split("-")[1]))
-        logp.mean().backward()
-        model.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(not args.no_grad):
+            if variant == "full":
+                logp = _full_logits_logprobs(model, ids)
+            else:
+                logp = token_logprobs(model, batch, chunk_mb=float(variant.split("-")[1]))
+        if not args.no_grad:
+            logp.mean().backward()
+            model.zero_grad(set_to_none=True)
 
     step()  # warm-up: allocator, kernels, gradients' buffers
     with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
@@ -100,22 +104,24 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunks", default="")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-grad", action="store_true", help="score without gradients (old / reference log-probs)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # the child process's one variant
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args.variant, args)))
         return 0
     if not args.chunks:
-        from progress_sql.config import default_settings
+        from progress_sql.params import default_settings
 
         args.chunks = str(default_settings().rl.logits_chunk_mb)
     variants = ["full", "chunk-0"] + [f"chunk-{float(c):g}" for c in args.chunks.split(",") if c]
     common = [f"--rows={args.rows}", f"--length={args.length}", f"--hidden={args.hidden}",
-              f"--repeats={args.repeats}", f"--threads={args.threads}"]
+              f"--repeats={args.repeats}", f"--threads={args.threads}", *(["--no-grad"] if args.no_grad else [])]
     fp32_logits = args.rows * (args.length - 1) * QWEN25_VOCAB * 4 / 2**30
     print(f"one micro-batch: {args.rows} x {args.length} tokens, vocabulary {QWEN25_VOCAB:,}, hidden {args.hidden}, "
           f"1 layer, tied embeddings; fp32 logits of every position: {fp32_logits:.2f} GiB; "
-          f"forward + backward, median of {args.repeats}, {args.threads} threads")
+          f"{'forward only (no grad)' if args.no_grad else 'forward + backward'}, median of {args.repeats}, "
+          f"{args.threads} threads")
     rows = []
     for variant in variants:
         out = subprocess.run([sys.executable, __file__, f"--variant={variant}", *common], capture_output=True,

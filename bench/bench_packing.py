@@ -10,12 +10,15 @@ sees the same weights) in each mode, the modes alternating within each repeat:
 
 - ``padded``: ``rl.packing: false``, ``rl.micro_batch_size`` sequences a micro-batch (8), rows
   right-padded to the longest (the trainer before packing);
-- ``packed``: ``rl.packing: true`` (the default), the same micro-batches, one row each;
-- ``packed-T``: packed, micro-batches cut at ``--tokens`` real tokens (``rl.micro_batch_tokens``).
+- ``packed``: ``rl.packing: true``, ``rl.shared_prefix: false``: the same micro-batches, one row
+  each, every trajectory in full;
+- ``shared``: the default, packed with ``rl.shared_prefix``: micro-batches of whole groups, each
+  group's common prompt run once;
+- ``shared-T``: shared, micro-batches cut at ``--tokens`` tokens (``rl.micro_batch_tokens``).
 
 Prints the padding share of each step (padded positions / positions run), and per mode the
 median seconds of the whole batch's update, its real tokens/s and the ratio to ``padded``
-(goal: packed ≥ 1.3×).
+(goal: the default ≥ 1.3×).
 
     python bench/bench_packing.py [--steps 3] [--sft-steps 300] [--repeats 5] [--tokens 4096] \
         [--threads 2] [--model DIR --corpus DIR] [--keep DIR]
@@ -37,7 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from progress_sql.config import default_settings  # noqa: E402
+from progress_sql.params import default_settings  # noqa: E402
 from progress_sql.data.build import build_corpus  # noqa: E402
 from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.packing import micro_batches, token_batch, use_packed_attention  # noqa: E402
@@ -78,12 +81,15 @@ def rollouts(args: argparse.Namespace, work: Path) -> tuple[Path, list[list[Toke
     return policy, steps
 
 
-def update_seconds(model, trajs: list[TokenizedTrajectory], *, packed: bool, max_tokens: int, pad_id: int) -> tuple[float, float]:
+def update_seconds(model, trajs: list[TokenizedTrajectory], *, packed: bool, shared: bool, max_tokens: int,
+                   pad_id: int) -> tuple[float, float]:
     """Seconds of one update's forward and backward passes over ``trajs``, and its padding share."""
     rl = default_settings().rl.model_copy(update={"packing": packed, "micro_batch_tokens": max_tokens})
     started = time.perf_counter()
-    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens, packed=packed)
-    batches = [token_batch([trajs[i] for i in c], packed=packed, pad_id=pad_id, device="cpu") for c in chunks]
+    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens, packed=packed,
+                           groups=[t.group_id for t in trajs] if shared else None)
+    batches = [token_batch([trajs[i] for i in c], packed=packed, pad_id=pad_id, device="cpu", share_prefix=shared)
+               for c in chunks]
     adv = torch.linspace(-1.0, 1.0, len(trajs))
     tokens = float(sum(sum(t.loss_mask) for t in trajs))
     for c, b in zip(chunks, batches):
@@ -91,8 +97,8 @@ def update_seconds(model, trajs: list[TokenizedTrajectory], *, packed: bool, max
                                    num_tokens=tokens, max_tokens=1024)
         loss.backward()
     model.zero_grad(set_to_none=True)
-    run = sum(b.padded_tokens for b in batches)
-    return time.perf_counter() - started, 1.0 - sum(b.real_tokens for b in batches) / run
+    run = sum(b.model_tokens for b in batches)
+    return time.perf_counter() - started, sum(b.pad_tokens for b in batches) / run
 
 
 def main() -> int:
@@ -114,19 +120,20 @@ def main() -> int:
     model, tokenizer = load_policy(policy, dtype="float32", device="cpu")
     use_packed_attention(model)
     model.train()
-    modes = {"padded": (False, 0), "packed": (True, 0), f"packed-{args.tokens}": (True, args.tokens)}
+    modes = {"padded": (False, False, 0), "packed": (True, False, 0), "shared": (True, True, 0),
+             f"shared-{args.tokens}": (True, True, args.tokens)}
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     for k, trajs in enumerate(steps, 1):
         lengths = [len(t.input_ids) for t in trajs]
-        _, share = update_seconds(model, trajs, packed=False, max_tokens=0, pad_id=tokenizer.pad_token_id)
+        _, share = update_seconds(model, trajs, packed=False, shared=False, max_tokens=0, pad_id=tokenizer.pad_token_id)
         print(f"step {k}: {len(trajs)} trajectories, {sum(lengths):,} tokens (min {min(lengths)}, max {max(lengths)}), "
               f"turns {statistics.mean(t.turn_count for t in trajs):.2f}; padded micro-batches: {share:.1%} padding")
     real = [sum(len(t.input_ids) for t in trajs) for trajs in steps]
     for repeat in range(args.repeats):
         order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
         for mode in order:
-            packed, max_tokens = modes[mode]
-            seconds[mode].append(sum(update_seconds(model, trajs, packed=packed, max_tokens=max_tokens,
+            packed, shared, max_tokens = modes[mode]
+            seconds[mode].append(sum(update_seconds(model, trajs, packed=packed, shared=shared, max_tokens=max_tokens,
                                                     pad_id=tokenizer.pad_token_id)[0] for trajs in steps))
     base = statistics.median(seconds["padded"])
     print(f"update of {len(steps)} steps ({sum(real):,} real tokens), forward + backward, median of {args.repeats}, "

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from progress_sql.config import RLSettings  # noqa: E402
-from progress_sql.train import packing  # noqa: E402
+from progress_sql.inference import attention  # noqa: E402
 from progress_sql.train.logprobs import chunk_tokens, head_bypassed, token_logprobs  # noqa: E402
-from progress_sql.train.packing import PACKED_ATTENTION, micro_batches, token_batch, use_packed_attention  # noqa: E402
+from progress_sql.train.packing import micro_batches, token_batch, use_packed_attention  # noqa: E402
 from progress_sql.train.trainer import micro_batch_loss  # noqa: E402
 from progress_sql.train.trajectories import TokenizedTrajectory  # noqa: E402
 
@@ -29,18 +29,22 @@ def _model(seed: int = 0, **config) -> Qwen2ForCausalLM:
 
 
 def _trajectories(seed: int = 1) -> list[TokenizedTrajectory]:
-    """Multi-turn-like records: a prompt (mask 0), sampled turns (1) and feedback between (0)."""
+    """Multi-turn-like records: a prompt (mask 0), sampled turns (1) and feedback between (0);
+    two groups whose trajectories share their first 20 tokens (the question's prompt), one alone."""
     g = torch.Generator().manual_seed(seed)
+    prompts = {0: torch.randint(0, VOCAB, (20,), generator=g).tolist(), 1: torch.randint(0, VOCAB, (20,), generator=g).tolist()}
     out = []
-    for n, turns in ((23, 1), (61, 3), (9, 1), (40, 2), (31, 2)):
+    for (n, turns), group in zip(((23, 1), (61, 3), (9, 1), (40, 2), (31, 2)), (0, 1, 2, 0, 1)):
         ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        if group in prompts and n > 20:
+            ids[:20] = prompts[group]
         mask = [0] * n
         for t in range(turns):  # the turns' tokens alternate with unscored feedback
             start = n // 3 + t * (n - n // 3) // turns
             mask[start:start + max(2, (n - n // 3) // turns - 3)] = [1] * max(2, (n - n // 3) // turns - 3)
         mask = mask[:n]
         sampler = [float(-0.1 * (i % 7)) if m else 0.0 for i, m in enumerate(mask)]
-        out.append(TokenizedTrajectory(ids, mask, sampler, 0.0, 0, turns))
+        out.append(TokenizedTrajectory(ids, mask, sampler, 0.0, group, turns))
     return out
 
 
@@ -57,12 +61,15 @@ def _reference(model, trajs, temperature=1.0) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("packed,shared", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("chunk_mb", [0.0, 0.004])  # 0.004 MiB: two tokens' fp32 logits a chunk
-def test_scored_logprobs_equal_the_full_logits_computation(packed, chunk_mb):
+def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk_mb):
     model = _model()
     trajs = _trajectories()
-    batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu")
+    batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared)
+    if shared:  # each of the two groups runs its 20-token prompt once; the trajectory of 9 tokens is alone
+        assert batch.model_tokens == batch.real_tokens - 2 * 20
+        assert sum(1 for _, _, ps, pe in batch.segments if pe > ps) == 4  # two continuations a group
     assert batch.targets.numel() == sum(sum(t.loss_mask[1:]) for t in trajs)
     got = token_logprobs(model, batch, temperature=0.7, chunk_mb=chunk_mb)
     assert torch.allclose(got, _reference(model, trajs, 0.7), atol=1e-10, rtol=0)
@@ -77,9 +84,9 @@ def test_packed_and_chunked_gradients_equal_the_padded_full_ones():
     rl = RLSettings()
     adv = torch.tensor([0.5, -1.0, 2.0, -0.3, 0.8], dtype=torch.float64)
     grads, losses = [], []
-    for packed, chunk_mb in ((False, 0.0), (True, 0.004)):
+    for packed, shared, chunk_mb in ((False, False, 0.0), (True, False, 0.004), (True, True, 0.004)):
         model = _model()
-        batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu")
+        batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared)
         rl.logits_chunk_mb = chunk_mb
         old = batch.sampler_logp.to(torch.float64)  # off-policy by the sampler's numbers: ratios ≠ 1
         loss, _ = micro_batch_loss(model, batch, adv, old, None, rl, temperature=1.0, num_sequences=5,
@@ -87,9 +94,10 @@ def test_packed_and_chunked_gradients_equal_the_padded_full_ones():
         loss.backward()
         losses.append(float(loss.detach()))
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    assert losses[0] == pytest.approx(losses[1], abs=1e-12)
-    for name in grads[0]:
-        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-10, rtol=1e-8), name
+    for k in (1, 2):
+        assert losses[0] == pytest.approx(losses[k], abs=1e-12)
+        for name in grads[0]:
+            assert torch.allclose(grads[0][name], grads[k][name], atol=1e-10, rtol=1e-8), (k, name)
 
 
 def test_packed_forward_gets_no_dense_mask_and_generation_keeps_its_masks():
@@ -99,22 +107,45 @@ def test_packed_forward_gets_no_dense_mask_and_generation_keeps_its_masks():
     seen = []
 
     def spy(module, query, key, value, attention_mask, **kwargs):
-        seen.append((attention_mask, kwargs.get("cu_seq_lens_q")))
-        return packing.packed_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        seen.append((attention_mask, kwargs.get("packed_segments")))
+        return attention.attention_forward(module, query, key, value, attention_mask, **kwargs)
 
-    AttentionInterface.register(PACKED_ATTENTION, spy)
+    AttentionInterface.register(attention.ATTENTION, spy)
     try:
-        batch = token_batch(_trajectories(), packed=True, pad_id=0, device="cpu")
+        batch = token_batch(_trajectories(), packed=True, pad_id=0, device="cpu", share_prefix=True)
         token_logprobs(model, batch)
         assert seen and all(mask is None and cu is not None for mask, cu in seen)
-        assert seen[0][1].tolist()[-1] == batch.input_ids.shape[1]
+        assert seen[0][1] == batch.segments and batch.segments[-1][1] == batch.input_ids.shape[1]
         seen.clear()
         ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
-        attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-        model(input_ids=ids, attention_mask=attention)
+        model(input_ids=ids, attention_mask=torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]))
         assert seen and all(mask is not None and cu is None for mask, cu in seen)
     finally:
-        AttentionInterface.register(PACKED_ATTENTION, packing.packed_attention_forward)
+        AttentionInterface.register(attention.ATTENTION, attention.attention_forward)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_masked_batches_on_a_cpu_equal_transformers_sdpa(kv_heads):
+    """A left-padded batch (generation's shape) and a decode step over a cache: the project's
+    attention (SDPA reading grouped KV heads in place) gives transformers' SDPA results."""
+    from transformers import DynamicCache
+
+    from progress_sql.train.packing import attention_implementation
+
+    model = _model(num_key_value_heads=kv_heads)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = {}
+    for name in ("sdpa", attention.ATTENTION):
+        with attention_implementation(model, name):
+            cache = DynamicCache(config=model.config)
+            first = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).logits
+            step = model(input_ids=torch.tensor([[9], [10]]), attention_mask=torch.cat([mask, torch.ones(2, 1)], 1),
+                         position_ids=positions[:, -1:] + 1, cache=cache, use_cache=True).logits
+        out[name] = (first[mask.bool()], step)
+    assert torch.allclose(out["sdpa"][0], out[attention.ATTENTION][0], atol=1e-10)
+    assert torch.allclose(out["sdpa"][1], out[attention.ATTENTION][1], atol=1e-10)
 
 
 def test_head_is_bypassed_only_inside():
@@ -199,5 +230,13 @@ def test_padding_share_is_counted():
     trajs = _trajectories()
     packed = token_batch(trajs, packed=True, pad_id=0, device="cpu")
     padded = token_batch(trajs, packed=False, pad_id=0, device="cpu")
-    assert packed.padded_tokens == packed.real_tokens == sum(len(t.input_ids) for t in trajs)
-    assert padded.padded_tokens == len(trajs) * max(len(t.input_ids) for t in trajs)
+    assert packed.model_tokens == packed.real_tokens == sum(len(t.input_ids) for t in trajs) and packed.pad_tokens == 0
+    assert padded.model_tokens == len(trajs) * max(len(t.input_ids) for t in trajs)
+    assert padded.pad_tokens == padded.model_tokens - padded.real_tokens > 0
+
+
+def test_micro_batches_keep_a_group_together_unless_it_alone_is_over_the_budget():
+    lengths, groups = [10, 30, 12, 40, 8, 9], [0, 1, 0, 1, 2, 2]
+    assert micro_batches(lengths, 2, 0, packed=True, groups=groups) == [[4, 5], [0, 2], [1, 3]]
+    assert micro_batches(lengths, 4, 0, packed=True, groups=groups) == [[4, 5, 0, 2], [1, 3]]
+    assert micro_batches(lengths, 4, 50, packed=True, groups=groups) == [[4, 5, 0, 2], [1], [3]]

@@ -120,11 +120,15 @@ def test_zero2_two_steps_then_resume_reproduces_step_two(warm, tmp_path):
 
 
 def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
+    """... and leaves the process as it found it: ZeRO-3 swaps torch's linear for its own, whose
+    last bits differ, and a later run in the same process would not reproduce."""
     corpus, policy = warm
+    linear = torch.nn.functional.linear
     s = school_settings(policy)
     s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero3.json"
     s.rl.steps, s.rl.questions_per_step = 1, 1
     result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    assert torch.nn.functional.linear is linear
     assert json.loads((result.final_dir / "rl_run.json").read_text())["zero_stage"] == 3
     rewards = {row["reward"] for row in _rollout_rows(result.out_dir, 1)}
     assert len(rewards) > 1, "the step's one group needs unequal rewards to learn from"

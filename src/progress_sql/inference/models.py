@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from progress_sql.envs.prompts import Message
+from progress_sql.inference import attention
 
 
 class PolicyLoadError(RuntimeError):
@@ -74,6 +75,7 @@ def _check_finite(model: torch.nn.Module, name: str) -> None:
 def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     _check_finite(model, name)
+    attention.install(model)  # packed training rows; GQA without a copy of the cache on a CPU
     prepare_tokenizer(tokenizer)
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id

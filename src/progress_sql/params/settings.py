@@ -312,6 +312,9 @@ class RLSettings(_Section):
     # true: a micro-batch's trajectories in one row without padding, attention kept inside each
     # (train.packing); false: right-padded rows (to compare, or for a model whose attention cannot pack)
     packing: bool = True
+    # packed: a group's trajectories in one micro-batch run their common prefix (the question's
+    # prompt) once, each continuation attending to it (false: every trajectory in full)
+    shared_prefix: bool = True
     # fp32 logits held at once when scoring the sampled tokens (train.logprobs): a real vocabulary
     # (Qwen2.5: 151,936) is 0.6 MB a token, so a whole micro-batch's would dwarf the model; 0: all at once
     logits_chunk_mb: float = Field(256.0, ge=0.0)

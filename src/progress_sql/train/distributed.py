@@ -287,6 +287,7 @@ class DeepSpeedEngine:
         group, destroy that too: a later run in the same process starts from a clean slate."""
         with contextlib.suppress(Exception):
             self.engine.destroy()
+        _restore_linear()
         if self.owns_group and torch.distributed.is_available() and torch.distributed.is_initialized():
             import deepspeed.comm as dist  # noqa: PLC0415
 
@@ -295,6 +296,17 @@ class DeepSpeedEngine:
 
 
 Engine = TorchEngine | DeepSpeedEngine
+
+
+def _restore_linear() -> None:
+    """ZeRO-3 replaces ``torch.nn.functional.linear`` process-wide with its own autograd function
+    ("this will persist unless manually reset"); its results differ in the last bits, so a later
+    run in the same process (a test, a comparison's next arm) would not reproduce. Put it back."""
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher  # noqa: PLC0415
+
+    original = getattr(patcher, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
 
 
 def _broadcast_flag(flag: bool, device: torch.device) -> bool:

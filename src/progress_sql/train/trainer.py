@@ -471,10 +471,11 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
     rl, gen, engine = run.settings.rl, run.settings.generation, run.engine
     started = time.monotonic()
     trajs = batch.trajs
+    share = rl.packing and rl.shared_prefix  # a group's prompt runs once in its micro-batch
     chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
-                           packed=rl.packing)
+                           packed=rl.packing, groups=[t.group_id for t in trajs] if share else None)
     tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
-                          device=engine.device) for c in chunks]
+                          device=engine.device, share_prefix=share) for c in chunks]
     advantages = [batch.advantages[c].to(engine.device) for c in chunks]
     num_tokens = float(sum(t.sampled_tokens for t in trajs))
     stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
@@ -502,10 +503,11 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
         updated = time.monotonic()
     with engine.gathered():
         run.backend.sync_weights(engine.module)
-    model_tokens = sum(b.padded_tokens for b in tokens)
+    model_tokens = sum(b.model_tokens for b in tokens)
     stats.update(grad_norm=engine.grad_norm, micro_batches=len(tokens), update_s=time.monotonic() - started,
-                 sync_s=time.monotonic() - updated, num_tokens=num_tokens,
-                 update_tokens=model_tokens, padding=1.0 - sum(b.real_tokens for b in tokens) / max(model_tokens, 1),
+                 sync_s=time.monotonic() - updated, num_tokens=num_tokens, update_tokens=model_tokens,
+                 padding=sum(b.pad_tokens for b in tokens) / max(model_tokens, 1),
+                 shared=1.0 - model_tokens / max(sum(b.real_tokens for b in tokens), 1) if share else 0.0,
                  freed_gib=run.backend.freed_gib)
     return stats
 
@@ -551,6 +553,7 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
         "micro_batches": opt["micro_batches"],
         "update_tokens": opt["update_tokens"],  # positions the update's forward passes ran over
         "padding": opt["padding"],  # of those, the share that were padding (0 when packed)
+        "shared_prefix": opt["shared"],  # of the trajectories' tokens, the share a shared prompt saved
         "sampler/freed_gib": opt["freed_gib"],  # device memory the sampler freed for the update (vLLM asleep)
     }
     if run.judge is not None:  # a judge that fails scores 0 and the step goes on: count both

@@ -1,0 +1,115 @@
+"""The project's attention function, installed on every policy it loads (``install``).
+
+Transformers' SDPA path with two changes where they pay:
+
+- **packed rows** (``packed_segments`` among the forward's arguments: ``train.packing``): causal
+  attention inside each packed segment, over the shared prefix it continues where it has one
+  (a GRPO group's prompt, run once); through torch's flash-attention variable-length kernel on a
+  GPU that runs it when no segment shares a prefix (``torch.nn.attention.varlen``), and one fused
+  SDPA call per segment otherwise (on a CPU the fastest correct path: a block-diagonal mask over
+  the whole row would cost the square of its length);
+- **grouped-query attention with a mask on a CPU** (a left-padded generation batch): SDPA reads
+  the shared KV heads in place (``enable_gqa``), where transformers repeats them first, a copy
+  of the whole KV cache per layer and decoded token (SmolLM2's 3 KV heads for 9 query heads).
+  On a GPU a mask with ``enable_gqa`` falls back to SDPA's math kernel, so there the repeat stays.
+
+Everything else is transformers' own ``sdpa_attention_forward``. The choice lives only in the
+loaded model's config (``_attn_implementation`` is not saved): a saved model loads with its usual
+attention anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+ATTENTION = "progress_sql"
+
+_varlen_state = threading.local()
+
+
+def _varlen_kernel(query: torch.Tensor) -> Any:
+    """torch's flash-attention variable-length kernel where this device runs it, else None."""
+    if not query.is_cuda:
+        return None
+    if not hasattr(_varlen_state, "kernel"):
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415 - torch >= 2.9, CUDA only
+        except ImportError:
+            varlen_attn = None
+        _varlen_state.kernel = varlen_attn
+    return _varlen_state.kernel
+
+
+def _segment(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segment: tuple[int, int, int, int],
+             scaling: float | None) -> torch.Tensor:
+    """Causal attention of one packed segment, over the shared prefix it continues (if any) and
+    itself: query position j sees the whole prefix and the segment's positions up to j."""
+    a, b, ps, pe = segment
+    gqa = query.shape[1] != key.shape[1]
+    q = query[:, :, a:b]
+    if pe <= ps:
+        return torch.nn.functional.scaled_dot_product_attention(q, key[:, :, a:b], value[:, :, a:b], is_causal=True,
+                                                                scale=scaling, enable_gqa=gqa)
+    k = torch.cat([key[:, :, ps:pe], key[:, :, a:b]], dim=2)
+    v = torch.cat([value[:, :, ps:pe], value[:, :, a:b]], dim=2)
+    mask = torch.ones(b - a, pe - ps + b - a, dtype=torch.bool, device=query.device).tril(diagonal=pe - ps)
+    if gqa and query.is_cuda:  # a mask with enable_gqa takes the math kernel on CUDA: repeat the KV heads instead
+        k, v = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (k, v))
+        gqa = False
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+
+
+def _packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: tuple[tuple[int, int, int, int], ...],
+            scaling: float | None) -> torch.Tensor:
+    if query.shape[0] != 1:
+        raise ValueError("a packed forward has one row")
+    kernel = _varlen_kernel(query) if all(pe <= ps for _, _, ps, pe in segments) else None
+    if kernel is not None:  # no shared prefixes: one variable-length call
+        try:
+            bounds = [a for a, _, _, _ in segments] + [segments[-1][1]]
+            cu = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+            longest = max(b - a for a, b, _, _ in segments)
+            out = kernel(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu, cu,
+                         longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=query.shape[1] != key.shape[1])
+            return out.unsqueeze(0)
+        except (RuntimeError, TypeError, ValueError):  # no such kernel for this GPU or dtype: the per-segment path
+            _varlen_state.kernel = None
+    parts = [_segment(query, key, value, segment, scaling) for segment in segments]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      packed_segments: tuple[tuple[int, int, int, int], ...] | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``ATTENTION`` (see the module): shapes as transformers passes them, ``query``
+    ``[batch, heads, tokens, dim]``, ``key``/``value`` with the KV heads; returns
+    ``[batch, tokens, heads, dim]``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
+
+    if packed_segments is not None:
+        return _packed(query, key, value, packed_segments, scaling), None
+    if query.device.type == "cpu" and attention_mask is not None and key.shape[1] != query.shape[1]:
+        mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask.dim() == 4 else attention_mask
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling,
+            enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def install(model: torch.nn.Module) -> torch.nn.Module:
+    """Give ``model`` (and its later copies: the reference, the sampler) the project's attention,
+    where it runs SDPA today (a model loaded with another implementation keeps it)."""
+    from transformers import AttentionInterface  # noqa: PLC0415
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # noqa: PLC0415
+
+    AttentionInterface.register(ATTENTION, attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # SDPA's masks when not packed
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if inner.config._attn_implementation in ("sdpa", ATTENTION):
+        inner.config._attn_implementation = ATTENTION
+    return model
