@@ -83,7 +83,7 @@ def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterat
     defaults = model()
     registered = registered_settings()
     for name, info in model.model_fields.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{info.alias or name}"  # the key params.yaml writes (rl.async: the field async_)
         if key in skipped:
             continue
         default = getattr(defaults, name)

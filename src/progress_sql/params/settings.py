@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from progress_sql import envs, rewards, sources
 from progress_sql.corpus.records import CORPUS_SPLITS
@@ -279,7 +279,33 @@ ALGORITHMS = {
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
+class RLAsyncSettings(_Section):
+    """``rl.async``: asynchronous rollouts with bounded staleness (``train.rollout_producer``). A
+    producer process samples the next steps' groups with the newest weights it has while the
+    trainer updates; the loss corrects for the older weights with the decoupled objective
+    (``train.losses``: the clip against the trainer's own log-probabilities before the update,
+    each token weighted by min(π_prox/π_behaviour, ``is_cap``))."""
+
+    # false: the synchronous loop, exactly as without this section
+    enabled: bool = False
+    # Optimizer steps a trained batch's weights may lag the trainer's. 1 overlaps one rollout with
+    # one update (verl's one-step-off-policy); 0 keeps the producer in lockstep (no overlap: a check
+    # of the machinery, weights of 1); above 8 the importance weights, not the data, decide.
+    max_staleness: int = Field(1, ge=0, le=8)
+    # Truncation of the importance weight π_prox/π_behaviour per token (AReaL's behaviour-weight
+    # cap, NeMo RL's truncated importance sampling): a token the sampler found far less likely than
+    # the trainer now does cannot dominate the batch. At least 1: on-policy tokens keep weight 1.
+    is_cap: float = Field(2.0, ge=1.0, le=100.0)
+    # Seconds the trainer waits for the producer's next batch (its start, a model load and a vLLM
+    # engine's included) before it fails the run as hung; a producer that exits fails it at once.
+    timeout_s: float = Field(600.0, gt=0.0)
+    # torch threads of the producer process (its sampler's matrix products); the trainer keeps its own
+    threads: int = Field(1, ge=1, le=256)
+
+
 class RLSettings(_Section):
+    # `async` is a Python keyword: the field is async_, its key in params.yaml and --set `async`
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
     # renamed ("pool" is the sandbox's, sql.pool)
     moved_keys = {"rl.question_pool": "rl.questions", "rl.pool_candidates": "rl.solved_candidates"}
     init_from: str = "outputs/sft"  # policy to start from (path or hub id)
@@ -338,6 +364,7 @@ class RLSettings(_Section):
     save_rollouts: bool = True  # every step's episodes (texts, rewards, token ids) to rollouts/step-N.jsonl
     log_episodes: int = Field(4, ge=0, le=64)  # episodes a step shown turn by turn in MLflow (best to worst); 0: none
     seed: int = Field(0, ge=0)
+    async_: RLAsyncSettings = Field(RLAsyncSettings(), alias="async")  # asynchronous rollouts (RLAsyncSettings)
 
     @field_validator("recipe")
     @classmethod
@@ -398,6 +425,7 @@ class EvalSettings(_Section):
     out_dir: str = "reports/eval"
     batch_size: int = Field(64, ge=1)  # examples per generation + execution round
     gate_metric: str = "dev/greedy/ex"  # flat metric key the model registry promotes on
+    log_examples: int = Field(2, ge=0)  # best and worst greedy answers of each split logged as MLflow traces
 
     @field_validator("multi_turn_env")
     @classmethod
@@ -460,6 +488,18 @@ class Settings(_Section):
     eval: EvalSettings = EvalSettings()
     tracking: TrackingSettings = TrackingSettings()
     compare: CompareSettings = CompareSettings()
+
+    @model_validator(mode="after")
+    def _async_samples_raw(self) -> "Settings":
+        # The importance weight's denominator is the sampler's log-probability of each token, which
+        # every backend reports for the raw model (temperature 1, no top-p): only then is it the
+        # probability the token was drawn with.
+        gen = self.generation
+        if self.rl.async_.enabled and (gen.temperature != 1.0 or gen.top_p != 1.0):
+            raise ValueError("rl.async needs generation.temperature 1.0 and generation.top_p 1.0: the sampler reports "
+                             "the raw model's log-probabilities, the importance weight's denominator "
+                             f"(got temperature {gen.temperature}, top_p {gen.top_p})")
+        return self
 
 
 @lru_cache(maxsize=1)
