@@ -14,6 +14,15 @@ never scored: ``train.packing``); ``seq`` is ``[N]``, the sequence (trajectory) 
 - KL to a frozen reference, the k3 estimator exp(ref − logp) − (ref − logp) − 1 (≥ 0), added
   per token with weight β.
 
+Asynchronous rollouts (``rl.async``) train on episodes sampled with older weights, and pass
+``behaviour_logp``, the sampler's log-probabilities of the tokens (None: synchronous, and the
+loss is exactly the one above). The decoupled objective of AReaL and NeMo RL: ``old_logp`` is the
+*proximal* policy, the trainer's own log-probabilities before the update, against which the ratio
+is clipped; each token's term is multiplied by the importance weight to the behaviour policy,
+w_t = min(π_prox/π_behaviour, ``is_cap``) (truncated importance sampling; GSPO: one weight per
+sequence, exp(mean_t(prox − behaviour)), truncated alike). The KL term is not weighted. With
+behaviour = proximal (no staleness) every weight is 1 and the loss is the synchronous one.
+
 Aggregation (how per-token terms become one number):
 
 - ``token_mean`` (DAPO): Σ_{b,t} ℓ / (number of tokens)
@@ -110,6 +119,21 @@ def _stats(ratio: torch.Tensor, adv: torch.Tensor, clip_eps: float, clip_eps_hig
                 "kl": float(kl.mean()) if kl is not None and kl.numel() else 0.0, "tokens": float(tokens)}
 
 
+def importance_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float
+                       ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The decoupled objective's weights from log-probabilities (per token, or per sequence for
+    GSPO): min(exp(prox − behaviour), ``cap``), no gradient; and their statistics before the
+    truncation: ``is_mean``, ``is_max``, ``is_truncated`` (the share above ``cap``), ``is_count``."""
+    if cap < 1.0:
+        raise ValueError(f"is_cap must be at least 1 (got {cap}): on-policy tokens keep weight 1")
+    with torch.no_grad():
+        raw = torch.exp(prox_logp.detach() - behaviour_logp.detach().to(prox_logp.dtype))
+        n = raw.numel()
+        stats = {"is_mean": float(raw.mean()) if n else 1.0, "is_max": float(raw.max()) if n else 1.0,
+                 "is_truncated": float((raw > cap).sum()) / max(n, 1), "is_count": float(n)}
+        return raw.clamp(max=cap), stats
+
+
 def _kl(logp: torch.Tensor, ref_logp: torch.Tensor | None, beta: float) -> torch.Tensor | None:
     if beta <= 0:
         return None
@@ -132,22 +156,30 @@ def grpo_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
     max_tokens: int | None = None,
+    behaviour_logp: torch.Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped surrogate (GRPO / Dr.GRPO / DAPO) plus β·k3 KL.
 
     Per token: max(−A·r_t, −A·clip(r_t, 1 − ε, 1 + ε_high)) + β·KL_t, aggregated by
     ``token_weights``. Stats over the tokens: ``clip_frac``, ``kl`` (0 without a reference),
-    ``ratio`` (mean r_t), ``tokens``.
+    ``ratio`` (mean r_t), ``tokens``. With ``behaviour_logp`` (asynchronous rollouts) the
+    surrogate term of each token is multiplied by w_t = min(exp(old_logp − behaviour_logp),
+    ``is_cap``), ``old_logp`` being the proximal policy, and the stats add ``importance_weights``'.
     """
     ratio = torch.exp(logp - old_logp)
     a = adv.to(logp.dtype)[seq]
     per_token = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high))
+    is_stats: dict[str, float] = {}
+    if behaviour_logp is not None:
+        behaviour_weight, is_stats = importance_weights(old_logp, behaviour_logp, is_cap)
+        per_token = per_token * behaviour_weight
     kl = _kl(logp, ref_logp, beta)
     if kl is not None:
         per_token = per_token + beta * kl
     weights = token_weights(seq, adv.shape[0], aggregation, num_sequences, num_tokens, max_tokens)
     loss = (per_token * weights.to(per_token.dtype)).sum()
-    return loss, _stats(ratio, a, clip_eps, clip_eps_high, kl, logp.numel())
+    return loss, {**_stats(ratio, a, clip_eps, clip_eps_high, kl, logp.numel()), **is_stats}
 
 
 def gspo_loss(
@@ -161,6 +193,8 @@ def gspo_loss(
     beta: float,
     *,
     num_sequences: float | None = None,
+    behaviour_logp: torch.Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: sequence ratio s = exp(mean_t(logp − old_logp)) over each sequence's tokens, clipped
     per sequence.
@@ -168,6 +202,8 @@ def gspo_loss(
     Per sequence: max(−A·s, −A·clip(s, 1 − ε, 1 + ε_high)) + β·mean_t KL_t; summed over the
     sequences that have tokens and divided by ``num_sequences`` (the whole batch's when
     accumulating). Stats: ``clip_frac`` is the share of *sequences* clipped; ``ratio`` the mean s.
+    With ``behaviour_logp`` the surrogate term of each sequence is multiplied by
+    min(exp(mean_t(old_logp − behaviour_logp)), ``is_cap``) (its statistics over sequences).
     """
     n_seq = adv.shape[0]
     counts = torch.bincount(seq, minlength=n_seq).to(logp.dtype)
@@ -179,9 +215,14 @@ def gspo_loss(
     s = torch.exp(seq_mean(logp - old_logp))
     a = adv.to(logp.dtype)
     per_seq = torch.maximum(-a * s, -a * torch.clamp(s, 1.0 - clip_eps, 1.0 + clip_eps_high))
+    is_stats: dict[str, float] = {}
+    if behaviour_logp is not None:
+        gap = seq_mean(old_logp.detach() - behaviour_logp.detach().to(logp.dtype))
+        behaviour_weight, is_stats = importance_weights(gap[present], torch.zeros_like(gap[present]), is_cap)
+        per_seq = per_seq * torch.ones_like(per_seq).masked_scatter(present, behaviour_weight)
     kl = _kl(logp, ref_logp, beta)
     if kl is not None:
         per_seq = per_seq + beta * seq_mean(kl)
     sequences = float(num_sequences) if num_sequences is not None else float(n_seq)
     loss = (per_seq * present.to(per_seq.dtype)).sum() / sequences
-    return loss, _stats(s[present], a[present], clip_eps, clip_eps_high, kl, logp.numel())
+    return loss, {**_stats(s[present], a[present], clip_eps, clip_eps_high, kl, logp.numel()), **is_stats}
