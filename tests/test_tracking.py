@@ -339,3 +339,66 @@ def test_a_folder_named_with_uri_characters_keeps_its_store_inside_it(tmp_path, 
     assert mlflow_store_uri(odd) == tracking.tracking_uri(settings)  # `progress-sql ui` opens the same store
     (odd / "params.yaml").write_text("tracking:\n  tracking_uri: sqlite:///mlruns/mlflow.db\n", encoding="utf-8")
     assert mlflow_store_uri(odd) == tracking.tracking_uri(settings)  # a relative SQLite path, made absolute
+
+
+# ----------------------------------------------------------------------------- what the model says
+def test_rl_episodes_are_traces_with_a_span_per_turn(store, school_db):
+    """An RL step's episodes, as ``run_rl`` hands them to ``on_episodes``, read back from the
+    store as the Traces tab shows them: the question in, the verdict out, a span per turn with
+    its prompt tail, output, ODT feedback and reward so far, tagged with the step."""
+    from progress_sql import envs, rewards
+    from progress_sql.corpus.records import Example
+    from progress_sql.envs import ScriptedPolicy, rollout
+    from progress_sql.train.samples import episode_view
+
+    gold = "SELECT name FROM student WHERE age > 20"
+    older = Example(id="q1", db_id="school", question="Which students are older than 20?", gold_sql=gold,
+                    hardness="easy")
+    out = "<think>Reasoning.</think>\n<sql>{}</sql>".format
+    s = make_settings("episodes", env={"max_turns": 2})
+    policy = ScriptedPolicy([[out("SELECT name FROM student"), out(gold)], [out("SELECT nope FROM student"), out("SELECT 1")]])
+    episodes = rollout(lambda: envs.get("odt_feedback")(s), policy, [older, older], lambda _: school_db)
+    recipe = rewards.get("progress")
+    views = [episode_view(ep, recipe(ep.trajectory(), s), recipe, s, step=3) for ep in episodes]
+    with tracking.stage_run("train", s) as run:
+        assert tracking.log_episodes(views) == 2
+
+    traces = mlflow.search_traces(run_id=run.info.run_id, return_type="list")
+    assert len(traces) == 2
+    by_verdict = {t.info.tags["verdict"]: t for t in traces}
+    assert set(by_verdict) == {"correct", "wrong"}
+    right = by_verdict["correct"]
+    assert right.info.tags[tracking.episodes.KIND] == "rl" and right.info.tags["step"] == "3"
+    root = next(sp for sp in right.data.spans if sp.parent_id is None)
+    assert root.inputs["question"] == older.question and root.inputs["gold_sql"] == gold
+    assert root.outputs["verdict"] == "correct" and root.outputs["reward"] == pytest.approx(views[0]["reward"])
+    turns = sorted((sp for sp in right.data.spans if sp.parent_id == root.span_id), key=lambda sp: sp.name)
+    assert [sp.name for sp in turns] == ["turn 1", "turn 2"]
+    assert turns[0].outputs["feedback"] == views[0]["turns"][0]["feedback"] != ""  # the ODT's diagnosis
+    assert turns[0].attributes["odt_tags"] == "WHERE_MISSING" and turns[0].attributes["correct"] is False
+    assert turns[1].attributes["correct"] is True
+    assert turns[1].attributes["reward_so_far"] == pytest.approx(views[0]["reward"])
+    assert "older than 20" in turns[0].inputs["prompt_tail"]
+
+
+def test_an_evaluation_logs_its_best_and_worst_answers_as_traces(store, corpus, tmp_path):
+    """``eval`` logs eval.log_examples best and worst greedy answers of each split as traces of its
+    stage run; the ranking puts right before wrong, executed before not."""
+    from progress_sql import stages
+    from progress_sql.tracking.episodes import best_and_worst
+
+    s = make_settings("eval-examples", corpus, eval={"log_examples": 2, "ts": False})
+    stages.evaluate(s, "oracle", corpus, ["dev"], tmp_path / "eval", progress=False)
+    [run] = [r for r in runs_of("eval-examples") if r.data.tags.get("progress_sql.stage") == "evaluate"]
+    traces = mlflow.search_traces(run_id=run.info.run_id, return_type="list")
+    assert sorted(t.info.tags["rank"] for t in traces) == ["best", "best", "worst", "worst"]
+    assert {t.info.tags["split"] for t in traces} == {"dev"} and {t.info.tags["verdict"] for t in traces} == {"correct"}
+    [turn] = [sp for sp in traces[0].data.spans if sp.parent_id is not None]
+    assert turn.outputs["sql"] and turn.inputs["question"]
+
+    def rec(i, ex, executed):
+        return {"id": i, "greedy": {"ex": ex, "executed": executed, "well_formed": True, "odt_tags": []}}
+
+    records = [rec("a", False, True), rec("b", True, True), rec("c", False, False), rec("d", True, True)]
+    assert [(rank, r["id"]) for rank, r in best_and_worst(records, 1)] == [("best", "b"), ("worst", "c")]
+    assert [r["id"] for _, r in best_and_worst(records, 3)] == ["b", "d", "a", "c"]  # none twice

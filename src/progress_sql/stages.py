@@ -146,7 +146,8 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
         from progress_sql.train.trainer import run_rl
 
         stack.enter_context(tracking.stage_run("train", settings, corpus_dir=str(corpus_dir)))
-        result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step)
+        result = run_rl(settings, corpus_dir, out_dir=out, resume=resume, progress=progress, on_step=log_step,
+                        on_episodes=lambda step, views: tracking.log_episodes(views))
         summary = rl_reports(result, Path(report_dir))
         tracking.log_metrics(summary)
         tracking.log_artifacts(Path(result.out_dir) / "metrics.jsonl")
@@ -172,6 +173,7 @@ def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Seq
         tracking.log_params({"eval.model": model})
         result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)
         if tracking.log_eval(result):  # evaluation logs nothing itself: it sits below tracking
+            tracking.log_eval_examples(result, settings.eval.log_examples)
             result.notes.append("logged to the active MLflow run")
     return result
 

@@ -9,6 +9,7 @@
 
 - ``mlflow_runs``: tracking URI, parent and nested runs (their names, kinds and sources), params,
   metrics, artifacts, an evaluation's metrics and files (``log_eval``, ``log_eval_files``);
+- ``episodes``: RL episodes and an evaluation's best and worst answers as traces, a span per turn;
 - ``model_registry``: log + register a policy, the champion gate, manual promotion, listing,
   resolving ``models:/name@alias`` to a local policy folder;
 - ``pyfunc``: the pyfunc every version is logged as (it answers with ``inference.ask``);
@@ -45,6 +46,7 @@ from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet en
     stage_run,
     tracking_uri,
 )
+from progress_sql.tracking.episodes import log_episodes, log_eval_examples
 from progress_sql.tracking.model_registry import (
     PromotionDecision,
     VersionRow,
@@ -71,7 +73,9 @@ __all__ = [
     "is_registry_uri",
     "local_model_dir",
     "log_artifacts",
+    "log_episodes",
     "log_eval",
+    "log_eval_examples",
     "log_eval_files",
     "log_metrics",
     "log_params",
