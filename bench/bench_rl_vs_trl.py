@@ -5,7 +5,7 @@ or the ``--hidden-size/--num-layers/...`` overrides) on the same prompts in the 
 turn (TRL's native case), one run each per pair, back to back in this process:
 
 - prompts: the round-1 chat messages ``envs.single_turn`` builds (think_sql format) for the
-  questions ``run_rl`` draws (``trainer.question_indices``), fed to TRL in that order
+  questions ``run_rl`` draws (``train.questions.question_indices``), fed to TRL in that order
   (``shuffle_dataset=False``): step k of both sees the same ``--questions`` questions;
 - G = ``--group-size``, ``--max-new-tokens``, temperature 1.0, top-p 1.0, AdamW at ``rl.lr``,
   constant schedule, clipping ``rl.grad_clip``, no KL (β = 0: no reference model), fp32,
@@ -61,7 +61,8 @@ from progress_sql.rewards.types import Trajectory  # noqa: E402
 from progress_sql.sql.pool import default_gold_cache  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
-from progress_sql.train.trainer import question_indices, run_rl  # noqa: E402
+from progress_sql.train.questions import question_indices  # noqa: E402
+from progress_sql.train.trainer import run_rl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

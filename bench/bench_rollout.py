@@ -80,7 +80,8 @@ from progress_sql.inference.models import BUNDLED_MODELS, chat_prompt_ids, load_
 from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.inference.settings import BACKENDS  # noqa: E402
 from progress_sql.train.trajectories import max_sequence_tokens  # noqa: E402
-from progress_sql.train.trainer import env_factory_for, question_indices  # noqa: E402
+from progress_sql.train.questions import question_indices  # noqa: E402
+from progress_sql.train.rl_run import env_factory_for  # noqa: E402
 
 
 class ForwardCounter:

@@ -252,7 +252,7 @@ def round1_prompts(settings: Any, corpus: Path, tokenizer: Any, position: int, c
     from progress_sql import envs, rewards  # noqa: PLC0415
     from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: PLC0415
     from progress_sql.inference.models import chat_prompt_ids  # noqa: PLC0415
-    from progress_sql.train.trainer import question_indices  # noqa: PLC0415
+    from progress_sql.train.questions import question_indices  # noqa: PLC0415
 
     rl = settings.rl
     layout = CorpusLayout(corpus)

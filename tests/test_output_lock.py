@@ -29,7 +29,7 @@ from corpora import school_corpus, school_settings  # noqa: E402
 from progress_sql.files import FolderInUse, lock_path, writer_lock  # noqa: E402
 from progress_sql.train.checkpoint import STATE_FILE  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
-from progress_sql.train.trainer import auto_resume_point, run_fingerprint  # noqa: E402
+from progress_sql.train.resume import auto_resume_point, run_fingerprint  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 ENV.pop("DVC_STAGE", None)

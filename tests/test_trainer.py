@@ -29,7 +29,8 @@ from progress_sql.inference.policy import TokenPolicy  # noqa: E402
 from progress_sql.train.trajectories import tokenized_trajectory  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
-from progress_sql.train.trainer import micro_batch_loss, question_indices, run_rl  # noqa: E402
+from progress_sql.train.questions import question_indices  # noqa: E402
+from progress_sql.train.trainer import micro_batch_loss, run_rl  # noqa: E402
 from progress_sql.inference.backends import TransformersBackend  # noqa: E402
 from corpora import QUESTIONS, half_right_sft, school_corpus, school_settings  # noqa: E402
 

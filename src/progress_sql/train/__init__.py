@@ -5,7 +5,9 @@ module, ``inference``, ``eval``) imports from here. Generation and model loading
 ``progress_sql.inference``'s. This package file stays import-light (no torch at import), so
 ``import progress_sql.train`` is cheap; import the submodules you need:
 
-- ``train.trainer``: ``run_rl`` (multi-turn GRPO / GSPO / Dr.GRPO)
+- ``train.trainer``: ``run_rl`` (multi-turn GRPO / GSPO / Dr.GRPO), the loop; around it ``train.rl_run``
+  (what a run holds, ``open_run``), ``train.questions`` (which questions, in which order) and
+  ``train.resume`` (the run's state, its fingerprint, going on from a checkpoint)
 - ``train.trajectories``: an episode as the token ids, mask and log-probs the trainer consumes
 - ``train.losses``: group advantages, the GRPO / GSPO losses
 - ``train.sft``: ``build_sft_examples``, ``run_sft``, ``greedy_ex``

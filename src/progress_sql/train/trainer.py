@@ -31,18 +31,16 @@ are kept for the ``logprob_gap`` metric (at temperature 1). Logits are computed 
 first scored position on (the prompt's vocabulary projection is never trained).
 Dropout is switched off in the policy, so eval-mode sampling and train-mode training see the
 same function.
+
+Around the loop: ``train.rl_run`` opens the run (``RLRun``: policy, engine, sampler, reward,
+environments), ``train.questions`` picks and orders its questions, ``train.resume`` holds its
+state (``RLState``) and decides whether it goes on from a checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import hashlib
 import json
-import logging
-import math
-import os
-import random
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -54,30 +52,20 @@ import torch
 from tqdm import tqdm
 
 from progress_sql import envs, rewards
-from progress_sql.config import RLSettings, Settings, dotted_items
-from progress_sql.corpus.integrity import sha256_file
-from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
-from progress_sql.envs.db_details import SchemaTexts
-from progress_sql.eval.runner import greedy_answers
+from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.files import write_json_lines
-from progress_sql.inference.backends import GenerationBackend, make_backend
-from progress_sql.inference.models import load_policy
-from progress_sql.inference.policy import ChatModel
-from progress_sql.train.checkpoint import (
-    STATE_FILE,
-    list_checkpoints,
-    resume_checkpoint,
-    save_checkpoint,
-)
-from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
+from progress_sql.params import RLSettings, Settings
+from progress_sql.train.checkpoint import save_checkpoint
+from progress_sql.train.distributed import rank, world_size
 from progress_sql.train.logprobs import token_logprobs
-from progress_sql.train.lora import adapters_disabled, adapts_tied_head, with_lora
+from progress_sql.train.lora import adapters_disabled
 from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss
-from progress_sql.train.packing import TokenBatch, micro_batches, token_batch, use_packed_attention
+from progress_sql.train.packing import TokenBatch, micro_batches, token_batch
+from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, next_questions, rl_questions
+from progress_sql.train.resume import RLState, resumed_state
+from progress_sql.train.rl_run import RLRun, open_run
 from progress_sql.train.samples import episode_view, spread
-from progress_sql.train.trajectories import TokenizedTrajectory, max_sequence_tokens, tokenized_trajectory
-
-log = logging.getLogger(__name__)
+from progress_sql.train.trajectories import TokenizedTrajectory, tokenized_trajectory
 
 
 @dataclass
@@ -96,38 +84,6 @@ class RLResult:
 
 
 # ----------------------------------------------------------------------------- helpers
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Zero every dropout so that sampling (eval mode) and training (train mode) agree."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name in ("attention_dropout", "dropout"):
-            if isinstance(getattr(module, name, None), float):
-                setattr(module, name, 0.0)
-    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        if isinstance(getattr(model.config, name, None), float):
-            setattr(model.config, name, 0.0)
-
-
-def question_indices(n_examples: int, position: int, count: int, seed: int) -> list[int]:
-    """Examples ``position .. position+count-1`` of the stream that walks a fresh seeded
-    permutation of the train split each epoch: the data position alone replays the order."""
-    orders: dict[int, np.ndarray] = {}
-    out = []
-    for p in range(position, position + count):
-        epoch, offset = divmod(p, n_examples)
-        if epoch not in orders:
-            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n_examples)
-        out.append(int(orders[epoch][offset]))
-    return out
-
-
 def step_seed(seed: int, step: int, rank_: int = 0) -> int:
     """The generation seed of one step (and rank): resume replays the same rollouts."""
     return int(np.random.SeedSequence([seed, step, rank_]).generate_state(1)[0])
@@ -163,15 +119,6 @@ def micro_batch_loss(
     return loss, stats
 
 
-def env_factory_for(settings: Settings, recipe: rewards.Recipe, schema: SchemaTexts) -> Callable[[], envs.Env]:
-    """Fresh ``rl.env`` environments speaking ``recipe``'s output format (a mismatch is refused)."""
-    env_cls = envs.get(settings.rl.env)
-    if recipe.fmt not in env_cls.formats:
-        raise ValueError(f"rl.recipe {recipe.name!r} scores {recipe.fmt} outputs but rl.env {settings.rl.env!r} "
-                         f"prompts for {', '.join(env_cls.formats)}; pick a matching pair")
-    return lambda: env_cls(settings, fmt=recipe.fmt, schema_texts=schema)
-
-
 def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput) -> dict[str, Any]:
     return {"example_id": ep.example.id, "db_id": ep.example.db_id, "group": traj.group_id,
             "reward": out.total, "components": out.components, "k_star": ep.k_star, "correct": ep.correct,
@@ -179,150 +126,7 @@ def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.Re
             "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
 
 
-SOLVED_QUESTIONS_FILE = "solved_questions.jsonl"  # rl.questions solved: the greedy pass's verdicts
-
-
-def solved_question_ids(settings: Settings, model: ChatModel, layout: CorpusLayout,
-                        questions: list[Example], record_to: Path | None) -> list[str]:
-    """The ids of ``questions`` that ``model`` answers right with one greedy output (the eval
-    protocol: single turn, EX), for ``rl.questions: solved``. Rank 0 decides and the others
-    take its answer (ranks must draw from the same questions); its verdicts go to
-    ``record_to`` as predictions-file lines."""
-    ids: list[Any] = [None]
-    if rank() == 0:
-        evals = greedy_answers(settings, model, layout.root, questions)
-        ids[0] = [ev.example.id for ev in evals if ev.greedy is not None and ev.greedy.verdict.correct]
-        if record_to is not None:
-            write_json_lines(record_to, [ev.record() for ev in evals])
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.broadcast_object_list(ids, src=0)
-    return list(ids[0])
-
-
-# ----------------------------------------------------------------------------- resuming
-# The settings dvc.yaml's train stage reads, less those that only say where the run goes, how
-# long it goes on and what it keeps (rl.init_from counts by its content; rl.steps counts under a
-# decaying schedule, whose length it sets).
-FINGERPRINT_SECTIONS = ("seed", "rl", "generation", "env", "rewards", "odt", "sandbox")
-_NOT_FINGERPRINTED = {"rl.out_dir", "rl.init_from", "rl.steps", "rl.max_minutes", "rl.checkpoint_every",
-                      "rl.keep_checkpoints", "rl.save_rollouts", "rl.log_episodes"}
-
-
-def run_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
-    """What decides the course of a run, recorded in each checkpoint: ``settings``, those of
-    ``FINGERPRINT_SECTIONS`` (flat: ``"rl.lr": 0.001``), and ``inputs``, the sha256 of the train
-    split, of the starting policy's files (its name when it is no folder: a hub id) and of this
-    package's source. A run resumed from a checkpoint of the same fingerprint goes on as the
-    run that wrote it would have."""
-    dumped = settings.model_dump(mode="json")
-    flat = dotted_items({key: dumped[key] for key in FINGERPRINT_SECTIONS})
-    keep_steps = settings.rl.schedule != "constant"
-    init = Path(settings.rl.init_from)
-    return {"settings": {k: v for k, v in flat.items()
-                         if k not in _NOT_FINGERPRINTED or (keep_steps and k == "rl.steps")},
-            "inputs": {"train split": sha256_file(layout.split("train")),
-                       "starting policy": _tree_sha256(init) if init.is_dir() else settings.rl.init_from,
-                       "code": _tree_sha256(Path(__file__).resolve().parents[1])}}
-
-
-def auto_resume_point(out: Path, fingerprint: dict[str, Any], steps: int) -> tuple[bool, str]:
-    """``resume="auto"``: whether to go on as ``resume=True`` does (from the newest intact
-    checkpoint in ``out``), which is when every checkpoint there whose trainer state reads
-    records ``fingerprint`` and none is past ``steps``; and a line saying why not."""
-    states = {c: s for c in list_checkpoints(out) if (s := _trainer_state(c)) is not None}
-    if not states:  # unreadable ones (corrupt) are no run to go on with
-        return False, f"started at step 0: no checkpoint in {out}"
-    for checkpoint, state in reversed(states.items()):
-        reason = _not_resumable(state, fingerprint, steps)
-        if reason:
-            if rank() == 0:  # said at once: the fresh start removes the checkpoints
-                log.warning("rl: starting over (the checkpoints in %s are removed): %s %s", out, checkpoint, reason)
-            return False, f"started over: {checkpoint} {reason}"
-    return True, ""
-
-
-def _trainer_state(checkpoint: Path) -> dict[str, Any] | None:
-    with contextlib.suppress(OSError, ValueError):
-        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-        return state if isinstance(state, dict) else None
-    return None
-
-
-def _not_resumable(state: dict[str, Any], fingerprint: dict[str, Any], steps: int) -> str:
-    """Why a run with ``fingerprint`` and ``steps`` may not go on from a checkpoint of trainer
-    state ``state`` ('' if it may)."""
-    recorded = state.get("fingerprint")
-    if not (isinstance(recorded, dict) and isinstance(recorded.get("settings"), dict)
-            and isinstance(recorded.get("inputs"), dict)):
-        return "records no fingerprint of its settings and inputs"
-    old, new = recorded["settings"], fingerprint["settings"]
-    changed = [f"{k} {old.get(k)!r:.40} → {new.get(k)!r:.40}" for k in sorted(old.keys() | new.keys())
-               if old.get(k) != new.get(k)]
-    changed += [f"the {k}" for k, v in fingerprint["inputs"].items() if recorded["inputs"].get(k) != v]
-    if changed:
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        return f"was trained otherwise ({'; '.join(changed[:5])}{more} changed)"
-    if not isinstance(state.get("step"), int) or state["step"] > steps:
-        return f"is past rl.steps ({steps})"
-    return ""
-
-
-def _tree_sha256(folder: Path) -> str:
-    """One sha256 over the names and contents of the files under ``folder`` (bytecode caches aside)."""
-    lines = [f"{p.relative_to(folder).as_posix()} {sha256_file(p)}" for p in sorted(folder.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts]
-    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
-
-
-# ----------------------------------------------------------------------------- the run
-@dataclass
-class RLRun:
-    """What a run holds from its start to its end: the settings, the corpus, the policy behind
-    its engine and sampler, the reward and the environments (``open_run``)."""
-
-    settings: Settings
-    out: Path
-    layout: CorpusLayout
-    train: list[Example]  # the train questions of rl.hardness (rl.questions may keep fewer: rl_questions)
-    fingerprint: dict[str, Any]
-    engine: Engine
-    backend: GenerationBackend  # the sampler, holding the policy's current weights
-    chat: ChatModel
-    reference: torch.nn.Module | None  # the frozen starting policy of the KL term (rl.kl_beta > 0, no LoRA)
-    recipe: rewards.Recipe
-    judge: Any  # Reasoning-SQL's LLM judge, or None
-    env_factory: Callable[[], envs.Env]
-    max_turns: int
-    max_tokens: int  # the length limit of a trajectory
-
-    @property
-    def main(self) -> bool:
-        return rank() == 0
-
-
-# The key of RLState.solved_ids in trainer_state.json: the setting's name (rl.question_pool, now
-# rl.questions) when checkpoints started to hold it; kept, so that those checkpoints resume with
-# the questions they chose.
-SOLVED_IDS_KEY = "question_pool"
-
-
-@dataclass
-class RLState:
-    """Where a run is; a checkpoint keeps it (``trainer_state.json``) so the run goes on exactly."""
-
-    step: int = 0
-    data_position: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    solved_ids: list[str] | None = None  # rl.questions solved: the ids kept, fixed at the start
-    checkpoint: Path | None = None  # the newest one written or resumed from
-
-    def saved(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
-        state = {"data_position": self.data_position, "history": self.history, "fingerprint": fingerprint}
-        if self.solved_ids is not None:
-            state[SOLVED_IDS_KEY] = self.solved_ids
-        return state
-
-
+# ----------------------------------------------------------------------------- the step
 @dataclass
 class StepBatch:
     """One step's rollouts: the episodes, their scores and token records, the advantages."""
@@ -335,114 +139,25 @@ class StepBatch:
     generate_s: float  # of rollout_s, in the backend's generate
 
 
-def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: contextlib.ExitStack) -> RLRun:
-    """Load the policy behind its engine and sampler; what it opens goes on ``resources``."""
-    rl, gen = settings.rl, settings.generation
-    train = [ex for ex in read_jsonl(layout.split("train")) if ex.hardness in rl.hardness]
-    if not train:
-        raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
-                          "(rl.hardness)")
-    fingerprint = run_fingerprint(settings, layout)
-    deepspeed = use_deepspeed(rl.deepspeed)
-    prepare_environment(deepspeed)
-    if not deepspeed and world_size() > 1:
-        raise ValueError("several processes train together only through DeepSpeed: "
-                         "set rl.deepspeed to auto or always")
-    seed_everything(rl.seed)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
-    if rl.packing:
-        use_packed_attention(model)
-    reference = None
-    if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
-        if gen.backend == "vllm" and adapts_tied_head(model, rl.lora):
-            raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
-                             "embedding: vLLM, loading that model, would drop the head's adapter; generate with the "
-                             "transformers backend or leave the head out of rl.lora.targets")
-        model = with_lora(model, rl.lora)
-    elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            reference = reference.to(torch.bfloat16)
-    disable_dropout(model)
-    recipe = rewards.get(rl.recipe)
-    # Reasoning-SQL's LLM judge, when its judge_backend names one (None: off, weight redistributed)
-    judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
-    env_factory = env_factory_for(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
-    max_turns = env_factory().max_turns
-    grad_accum = math.ceil(rl.questions_per_step * rl.group_size / rl.micro_batch_size)
-    engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
-                         grad_accum=grad_accum)
-    resources.callback(engine.close)
-    backend = make_backend(gen, engine.module, tokenizer, rl.init_from, seed=settings.seed)
-    resources.callback(backend.close)
-    return RLRun(settings, out, layout, train, fingerprint, engine, backend,
-                 ChatModel(rl.init_from, backend, tokenizer, gen), reference, recipe, judge, env_factory,
-                 max_turns, max_sequence_tokens(gen, max_turns))
-
-
 def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str]:
-    """The state to start from: step 0 (clearing what an earlier run left in ``run.out``) or a
-    checkpoint's (``run_rl``'s ``resume``); and, for ``resume="auto"``, a line saying which."""
-    out, start, auto = run.out, "", resume == "auto"
-    if auto:  # go on only from checkpoints this run would have written
-        resume, start = auto_resume_point(out, run.fingerprint, run.settings.rl.steps)
-    state = RLState()
-    # True: the newest intact checkpoint (it says which, and which corrupt ones it skipped); a path: that one
-    resumed = resume_checkpoint(run.engine, out, None if resume is True else resume) if resume else None
-    if resumed is not None:
-        checkpoint, saved = resumed
-        state = RLState(saved["step"], saved["data_position"], list(saved["history"]), saved.get(SOLVED_IDS_KEY),
-                        checkpoint)
+    """The state to start from: a checkpoint's (``run_rl``'s ``resume``: ``train.resume``) or
+    step 0, clearing what an earlier run left in ``run.out``; and, for ``resume="auto"``, a line
+    saying which."""
+    out = run.out
+    state, start = resumed_state(run.engine, out, resume, run.fingerprint, run.settings.rl.steps)
+    if state is not None:
         with run.engine.gathered():
             run.backend.sync_weights(run.engine.module)
-        if auto:
-            start = f"resumed from {checkpoint} (same settings and inputs)"
-    elif run.main:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
-        for stale in ("checkpoints", "rollouts", "final"):
-            shutil.rmtree(out / stale, ignore_errors=True)
-        (out / SOLVED_QUESTIONS_FILE).unlink(missing_ok=True)
-    if run.main:
+    else:
+        state = RLState()
+        if run.is_rank0:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
+            for stale in ("checkpoints", "rollouts", "final"):
+                shutil.rmtree(out / stale, ignore_errors=True)
+            (out / SOLVED_QUESTIONS_FILE).unlink(missing_ok=True)
+    if run.is_rank0:
         out.mkdir(parents=True, exist_ok=True)
         write_json_lines(out / "metrics.jsonl", state.history)  # drop lines past the checkpoint
     return state, start
-
-
-def rl_questions(run: RLRun, state: RLState) -> list[Example]:
-    """The train questions a run draws from: all of ``run.train``, or with ``rl.questions:
-    solved`` those the starting policy answers greedily (decided once, kept in the state)."""
-    rl = run.settings.rl
-    if rl.questions != "solved":
-        return run.train
-    if state.solved_ids is None:  # a resumed run keeps the questions it started with
-        candidates = run.train
-        if 0 < rl.solved_candidates < len(run.train):  # the pass costs about as much as the eval of as many
-            picked = np.random.default_rng([rl.seed, len(run.train)]).choice(len(run.train), rl.solved_candidates,
-                                                                            replace=False)
-            candidates = [run.train[i] for i in sorted(picked)]
-        with run.engine.gathered(), torch.no_grad():
-            state.solved_ids = solved_question_ids(run.settings, run.chat, run.layout, candidates,
-                                                   run.out / SOLVED_QUESTIONS_FILE if run.main else None)
-    kept = set(state.solved_ids)
-    train = [ex for ex in run.train if ex.id in kept]
-    if not train:
-        raise CorpusError(f"{rl.init_from} answers none of the train questions of hardness "
-                          f"{', '.join(rl.hardness)} it was tried on (rl.questions: solved, "
-                          f"rl.solved_candidates: {rl.solved_candidates}); raise rl.solved_candidates or "
-                          "set rl.questions: all")
-    return train
-
-
-def next_questions(run: RLRun, train: list[Example], state: RLState) -> list[Example]:
-    """This rank's questions of the next step, from ``train``: every rank draws the same global
-    batch and takes its slice."""
-    per_rank = run.settings.rl.questions_per_step
-    global_idx = question_indices(len(train), state.data_position, per_rank * world_size(), run.settings.rl.seed)
-    state.data_position += len(global_idx)
-    return [train[i] for i in global_idx[rank() * per_rank:(rank() + 1) * per_rank]]
 
 
 def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
@@ -567,7 +282,7 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
 
 def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch) -> None:
     """Rank 0 appends the step's metrics line and, with ``rl.save_rollouts``, its rollouts."""
-    if not run.main:
+    if not run.is_rank0:
         return
     write_json_lines(run.out / "metrics.jsonl", [metrics], append=True)
     if run.settings.rl.save_rollouts:
@@ -581,11 +296,11 @@ def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example]
     written under a temporary name and renamed when complete: a full disk leaves no half policy
     where ``eval`` would load it."""
     final, partial = run.out / "final", run.out / ".final.partial"
-    if run.main:
+    if run.is_rank0:
         shutil.rmtree(partial, ignore_errors=True)
     run.engine.module.eval()
     run.engine.save_pretrained(partial, run.chat.tokenizer)
-    if run.main:
+    if run.is_rank0:
         summary = {"steps": state.step, "stopped_by": stopped_by, "engine": run.engine.kind,
                    "zero_stage": run.engine.zero_stage, "questions": len(train), "questions_s": train_s,
                    "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {}}
@@ -628,7 +343,7 @@ def run_rl(
         started = time.monotonic()  # rl.max_minutes covers rl.questions' greedy pass too
         train = rl_questions(run, state)
         train_s = time.monotonic() - started
-        bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.main), desc="rl", unit="step")
+        bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.is_rank0), desc="rl", unit="step")
         stopped_by = "steps"
         while state.step < rl.steps:
             state.step += 1
@@ -639,7 +354,7 @@ def run_rl(
             metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
             state.history.append(metrics)
             record_step(run, state.step, metrics, batch)
-            if run.main:
+            if run.is_rank0:
                 if on_step is not None:
                     on_step(state.step, metrics)
                 if on_episodes is not None and rl.log_episodes:
