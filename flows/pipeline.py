@@ -264,12 +264,12 @@ def training_pipeline(
     beats the champion's). Returns the registry decision.
 
     Args:
-        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run (params.yaml is the 15-minute one); the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
+        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run (params.yaml is the 15-minute one); cpu-smollm2, SmolLM2-135M-Instruct through SFT, RL and evaluation in about 45 minutes (init_tiny_model then saves the pretrained model into model.base_dir); the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
         work_dir: Folder of this run's outputs (data/, outputs/, reports/ under it), relative to the repository root or absolute; empty: the repository's own folders, as dvc repro writes them.
         overrides: Dotted settings keys to override, as JSON, on top of the preset, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
         params: The settings file, relative to the repository root.
         run_sft: Warm-start with SFT; off: RL starts from rl.init_from as it is.
-        init_tiny_model: Build the tiny CPU policy into model.base_dir; off when sft.init_from / rl.init_from name a real model.
+        init_tiny_model: Build the tiny CPU policy into model.base_dir (or save model.pretrained there: cpu-smollm2); off when sft.init_from / rl.init_from name a real model.
         reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml; under work_dir when relative.
         mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store, where the MLflow UI looks.
     """
@@ -389,7 +389,7 @@ def compare_methods(
 
     Args:
         comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants) or the path of a YAML file.
-        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
+        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; cpu-smollm2, SmolLM2-135M-Instruct (pick two arms); none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
         arms: The arms to run, by name, the first the one the others are tested against (at least two of the comparison's); empty: all of them.
         seeds: How many seeds: 1..N; 0: the comparison's.
         budget: Budget keys to override, as JSON, e.g. {"steps": 5} (trajectories_per_step, group_size, steps, max_minutes, seeds, splits, eval_max_examples).

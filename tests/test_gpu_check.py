@@ -51,7 +51,8 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     assert ref["generate_tokens_per_s"] > 0 and ref["backend_tokens_per_s"] > 0 and ref["batch"] == 4
     assert results["zero2"]["ratio_generation"] > 0
     real = results["real"]
-    assert set(real["ex_before"]) == set(real["ex_after"]) == {"indomain", "dev"} and real["rl_steps"] == 1
+    assert set(real["ex_zero_shot"]) == set(real["ex_before"]) == set(real["ex_after"]) == {"indomain", "dev"}
+    assert real["rl_steps"] == 1 and real["sft_steps"] >= 1  # the cpu-smollm2 recipe: SFT, RL, EX at each end
     table = (out / "gpu_check.md").read_text()
     assert "in-RL generation / model.generate" in table and "ZeRO" not in table.split("\n")[0]
     assert "gpu_check: 10 part(s)" in proc.stdout and "all passed" in proc.stdout
