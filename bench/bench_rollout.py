@@ -143,7 +143,7 @@ class Bench:
             episodes = envs.rollout(self.env_factory, policy, self.examples(repeat), self.layout.database)
         seconds = time.perf_counter() - start
         self.generate_s = policy.generate_s
-        convs = [policy.records[ep.id] for ep in episodes]
+        convs = [ep.tokens for ep in episodes]
         return seconds, [c.input_ids for c in convs], sum(sum(c.loss_mask) for c in convs)
 
     def round1_prompts(self, repeat: int) -> list[list[int]]:

@@ -101,7 +101,8 @@ def test_prefix_property_tokens_equal_a_full_render(tokenizer, settings, school_
     policy = TokenPolicy(backend, tokenizer, settings.generation, stop_strings("think_sql"))
     (episode,) = _rollout(policy, settings, school_db)
     assert episode.K == 2 and episode.correct and episode.messages[3]["role"] == "user"
-    conv = policy.records[episode.id]
+    conv = episode.tokens
+    assert conv is policy.record(episode.id)  # the rollout hands each episode its record
     full = chat_prompt_ids(tokenizer, episode.messages, add_generation_prompt=False)
     assert conv.input_ids + policy.deltas.missing_eot(conv.input_ids) == full
     # the second prompt was the first record plus the feedback turn, nothing re-rendered
@@ -112,11 +113,11 @@ def test_masks_and_logprobs_follow_the_sampled_tokens(tokenizer, settings, schoo
     backend = ScriptBackend(tokenizer, [[WRONG], [RIGHT]])
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     (episode,) = _rollout(policy, settings, school_db)
-    traj = tokenized_trajectory(episode, policy.records[episode.id], reward=1.5, group_id=3, max_tokens=10_000)
+    traj = tokenized_trajectory(episode, reward=1.5, group_id=3, max_tokens=10_000)
     assert isinstance(traj, TokenizedTrajectory) and traj.turn_count == 2 and not traj.truncated
     runs = _runs(traj.loss_mask)
     assert len(runs) == 2
-    for (a, b), sample in zip(runs, policy.records[episode.id].samples):
+    for (a, b), sample in zip(runs, episode.tokens.samples):
         assert traj.input_ids[a:b] == sample.token_ids
         assert traj.old_logprobs[a:b] == sample.logprobs
     assert all(lp == 0.0 for lp, m in zip(traj.old_logprobs, traj.loss_mask) if m == 0)
@@ -131,7 +132,7 @@ def test_non_canonical_sampled_ids_are_kept_not_retokenised(tokenizer, settings,
     backend = ScriptBackend(tokenizer, [[WRONG], [RIGHT]], encode=by_char, eos=False)
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     (episode,) = _rollout(policy, settings, school_db)
-    conv = policy.records[episode.id]
+    conv = episode.tokens
     a, b = _runs(conv.loss_mask)[0]
     assert conv.input_ids[a:b] == by_char(WRONG) != tokenizer(WRONG, add_special_tokens=False)["input_ids"]
     # no sampled eos: the template's whole end-of-turn follows, unmasked
@@ -148,7 +149,7 @@ def test_identical_conversations_keep_their_own_tokens(tokenizer, settings, scho
     policy = TokenPolicy(backend, tokenizer, settings.generation)
     episodes = envs.rollout(lambda: envs.get("odt_feedback")(settings), policy, [_example(), _example()],
                             lambda _db_id: school_db)
-    first, second = (policy.records[ep.id] for ep in episodes)
+    first, second = (ep.tokens for ep in episodes)
     assert first is not second
     (a1, b1), _ = _runs(first.loss_mask)
     (a2, b2), _ = _runs(second.loss_mask)
@@ -197,22 +198,20 @@ def test_real_sampler_records_are_exact_and_seeded(tokenizer, tiny_model, settin
 
     def run(seed):
         policy = TokenPolicy(backend, tokenizer, settings.generation, ("</sql>",), max_tokens=limit, seed=seed)
-        return _rollout(policy, settings, school_db, n=3), policy.records
+        return _rollout(policy, settings, school_db, n=3)
 
-    episodes, records = run(7)
+    episodes = run(7)
     for ep in episodes:
-        traj = tokenized_trajectory(ep, records[ep.id], 0.0, 0, limit)
+        traj = tokenized_trajectory(ep, 0.0, 0, limit)
         runs = _runs(traj.loss_mask)
-        sampled = [s for s in records[ep.id].samples if s.token_ids]
+        sampled = [s for s in ep.tokens.samples if s.token_ids]
         assert len(runs) == len(sampled) == ep.K  # an untrained model never answers right
         for (a, b), sample in zip(runs, sampled):
             assert traj.input_ids[a:b] == sample.token_ids and traj.old_logprobs[a:b] == sample.logprobs
             assert len(sample.token_ids) <= settings.generation.max_new_tokens
-    ids = [records[ep.id].input_ids for ep in episodes]
-    again, again_records = run(7)
-    assert [again_records[e.id].input_ids for e in again] == ids
-    other, other_records = run(8)
-    assert [other_records[e.id].input_ids for e in other] != ids
+    ids = [ep.tokens.input_ids for ep in episodes]
+    assert [e.tokens.input_ids for e in run(7)] == ids
+    assert [e.tokens.input_ids for e in run(8)] != ids
 
 
 def test_length_limit_and_truncation_keep_masks_consistent(tokenizer, tiny_model, settings, school_db):
@@ -221,14 +220,14 @@ def test_length_limit_and_truncation_keep_masks_consistent(tokenizer, tiny_model
     limit = prompt_len + 5  # room for 5 tokens of turn 1, none for turn 2
     policy = TokenPolicy(backend, tokenizer, settings.generation, max_tokens=limit, seed=1)
     (ep,) = _rollout(policy, settings, school_db)
-    conv = policy.records[ep.id]
+    conv = ep.tokens
     first = conv.samples[0]
     assert len(first.token_ids) <= 5
     assert ep.K == 2  # an untrained model is wrong at turn 1; turn 2 has no budget: an empty output
     assert conv.samples[1].token_ids == [] and conv.samples[1].text == ""
-    traj = tokenized_trajectory(ep, conv, 0.0, 0, limit)
+    traj = tokenized_trajectory(ep, 0.0, 0, limit)
     assert len(traj.input_ids) == len(traj.loss_mask) == len(traj.old_logprobs) <= limit
     assert traj.sampled_tokens == len(first.token_ids)
-    short = tokenized_trajectory(ep, conv, 0.0, 0, prompt_len + 2)
+    short = tokenized_trajectory(ep, 0.0, 0, prompt_len + 2)
     assert short.truncated and len(short.input_ids) == prompt_len + 2
     assert short.loss_mask == traj.loss_mask[: prompt_len + 2] and short.old_logprobs == traj.old_logprobs[: prompt_len + 2]

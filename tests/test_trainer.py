@@ -231,7 +231,7 @@ def test_only_sampled_tokens_are_scored_and_each_gets_a_gradient(warm):
     token_policy = TokenPolicy(TransformersBackend(model, tokenizer), tokenizer, s.generation, stop_strings("think_sql"), seed=3)
     examples = [Example(id="q", db_id="school", question=QUESTIONS[1][0], gold_sql=QUESTIONS[1][1], hardness="easy")] * 3
     episodes = envs.rollout(lambda: envs.get("odt_feedback")(s), token_policy, examples, layout.database)
-    trajs = [tokenized_trajectory(ep, token_policy.records[ep.id], float(i), 0, 10_000) for i, ep in enumerate(episodes)]
+    trajs = [tokenized_trajectory(ep, float(i), 0, 10_000) for i, ep in enumerate(episodes)]
     assert any(ep.K > 1 for ep in episodes)  # feedback between turns is part of the check
     batch = token_batch(trajs, packed=True, pad_id=tokenizer.pad_token_id, device="cpu")
     sampled = [(r, t.input_ids[k]) for r, t in enumerate(trajs) for k, m in enumerate(t.loss_mask) if m and k > 0]

@@ -21,6 +21,7 @@ from progress_sql.envs.base import (
     Request,
     ScriptedPolicy,
     StepResult,
+    TokenRecorder,
     output_text,
 )
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite
@@ -70,6 +71,7 @@ __all__ = [
     "SingleTurnEnv",
     "StepResult",
     "TaskSettings",
+    "TokenRecorder",
     "ddl_from_sqlite",
     "get",
     "names",

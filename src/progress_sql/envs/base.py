@@ -56,6 +56,17 @@ class Policy(Protocol):
     def generate(self, requests: list[Request]) -> list[Any]: ...
 
 
+@runtime_checkable
+class TokenRecorder(Protocol):
+    """A policy that keeps each episode's token record (``inference.policy.TokenPolicy``: the
+    ids the model saw and sampled); ``envs.rollout`` hands every episode its record
+    (``Episode.tokens``)."""
+
+    def generate(self, requests: list[Request]) -> list[Any]: ...
+
+    def record(self, episode_id: int) -> Any: ...
+
+
 # The finish reason of an output that was never generated: its prompt is over
 # ``generation.max_prompt_tokens`` (the policy answers it with an empty sample).
 PROMPT_TOO_LONG = "prompt_too_long"
@@ -125,7 +136,9 @@ class Episode:
     ODT tags (``()`` for a correct turn or where the environment does not diagnose);
     ``k_star``: the first turn whose execution matched the gold (1-based), or None;
     ``correct``: the episode's final answer is correct; ``id``: its place in its rollout (the
-    ``Request.episode_id`` of its generations).
+    ``Request.episode_id`` of its generations); ``tokens``: its policy's token record when the
+    policy keeps one (a ``TokenRecorder``: a ``TokenPolicy``'s ``ConversationTokens``, which the
+    trainer trains on), else None.
     """
 
     env: str
@@ -140,6 +153,7 @@ class Episode:
     correct: bool = False
     done_reason: DoneReason | None = None
     id: int = 0
+    tokens: Any = None
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name for the stopping turn

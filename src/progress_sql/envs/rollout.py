@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from progress_sql.corpus.records import Example
-from progress_sql.envs.base import Env, Episode, Policy, output_text
+from progress_sql.envs.base import Env, Episode, Policy, TokenRecorder, output_text
 from progress_sql.rewards.turns import make_turns
 from progress_sql.sql import BatchVerdicts
 
@@ -39,8 +39,8 @@ def rollout(
     running queries in this process's supervised worker; evaluation passes its judge with a
     process pool), so the G episodes of a question run an SQL they share once and execute their
     gold once (the judge's gold cache). Returns the episodes in input order; episode ``i`` (``Episode.id``)
-    is the ``Request.episode_id`` of its generations, by which a policy keeps its own records
-    (a ``TokenPolicy``'s token ids).
+    is the ``Request.episode_id`` of its generations, by which a policy keeps its own records;
+    a ``TokenRecorder``'s record of each episode comes with it (``Episode.tokens``).
     """
     envs = [env_factory() for _ in examples]
     if not envs:
@@ -62,4 +62,8 @@ def rollout(
         for i, text, turn in zip(running, texts, turns):
             envs[i].step(text, turn)
         running = [i for i in running if not envs[i].done]
-    return [env.episode for env in envs]
+    episodes = [env.episode for env in envs]
+    if isinstance(policy, TokenRecorder):
+        for episode in episodes:
+            episode.tokens = policy.record(episode.id)
+    return episodes

@@ -29,9 +29,10 @@ mask 1: the model is trained to stop); one that stopped at a stop string or the 
 gets the template's end-of-turn tokens appended with mask 0 (not sampled, so not trained).
 
 Records are kept by episode: each request carries its ``episode_id`` (``envs.rollout`` gives
-one per episode), and ``TokenPolicy.records[episode_id]`` is that episode's record, which the
-trainer reads after the rollout. A request's messages must continue its record's conversation
-(the reply the policy gave, then the environment's new messages), or it is an error.
+one per episode), and ``TokenPolicy.record(episode_id)`` is that episode's record, which
+``envs.rollout`` hands the episode (``Episode.tokens``: the trainer reads it there). A
+request's messages must continue its record's conversation (the reply the policy gave, then
+the environment's new messages), or it is an error.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ class TokenPolicy:
     nothing is); ``max_prompt_tokens``: a conversation longer than this is not generated from
     (an empty ``prompt_too_long`` output; None: no such limit); ``seed``: every generate call is
     seeded from (seed, call number), so the same seed replays the same rollouts. One instance
-    serves one ``envs.rollout`` call; ``records[episode_id]`` holds each episode's tokens.
+    serves one ``envs.rollout`` call; ``record(episode_id)`` is each episode's tokens (an
+    ``envs.TokenRecorder``: the rollout hands them to its episodes).
     """
 
     def __init__(
@@ -159,16 +161,20 @@ class TokenPolicy:
         self.deltas = TemplateDeltas(tokenizer)
         self.calls = 0
         self.generate_s = 0.0  # wall-clock spent in the backend's generate (the rest is the environment's)
-        self.records: dict[int, ConversationTokens] = {}
+        self._records: dict[int, ConversationTokens] = {}
+
+    def record(self, episode_id: int) -> ConversationTokens | None:
+        """The token record of episode ``episode_id`` (None: nothing generated for it)."""
+        return self._records.get(episode_id)
 
     def _record_for(self, request: Request) -> ConversationTokens:
         """The record of the request's episode, extended by the messages it adds."""
         episode, messages = episode_of(request, "TokenPolicy"), request.messages
-        conv = self.records.get(episode)
+        conv = self._records.get(episode)
         if conv is None:
             if any(m["role"] == "assistant" for m in messages):
                 raise ValueError(f"TokenPolicy: episode {episode} is new but its conversation has assistant turns")
-            conv = self.records[episode] = ConversationTokens()
+            conv = self._records[episode] = ConversationTokens()
             conv.extend(chat_prompt_ids(self.tokenizer, messages, add_generation_prompt=True), 0)
             return conv
         seen = conv.n_messages

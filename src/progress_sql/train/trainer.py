@@ -172,7 +172,7 @@ def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
                                 run.layout.database)
     rollout_s = time.monotonic() - started
     scored = [run.recipe(ep.trajectory(), run.settings, judge=run.judge) for ep in episodes]
-    trajs = [tokenized_trajectory(ep, policy.records[ep.id], r.total, i // rl.group_size, run.max_tokens)
+    trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, run.max_tokens)
              for i, (ep, r) in enumerate(zip(episodes, scored))]
     adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
                            scale_std=rl.spec.scale_std, negative_scale=rl.negative_advantage_scale)

@@ -1,5 +1,6 @@
-"""The per-episode training record: an episode rolled out with a ``TokenPolicy`` as the
-token ids, loss mask and sampler log-probabilities the trainer consumes."""
+"""The per-episode training record: an episode rolled out with a ``TokenPolicy`` (its token
+record in ``Episode.tokens``) as the token ids, loss mask and sampler log-probabilities the
+trainer consumes."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ def max_sequence_tokens(gen: GenerationSettings, max_turns: int) -> int:
     return gen.max_prompt_tokens + max_turns * gen.max_new_tokens
 
 
-def tokenized_trajectory(
-    episode: Episode, conv: ConversationTokens, reward: float, group_id: int, max_tokens: int
-) -> TokenizedTrajectory:
-    """The training record of ``episode``, whose tokens ``conv`` holds (its ``TokenPolicy``'s
-    record), cut to ``max_tokens`` (input ids, mask and log-probs together)."""
+def tokenized_trajectory(episode: Episode, reward: float, group_id: int, max_tokens: int) -> TokenizedTrajectory:
+    """The training record of ``episode`` from its token record (``Episode.tokens``, a
+    ``TokenPolicy``'s), cut to ``max_tokens`` (input ids, mask and log-probs together)."""
+    conv: ConversationTokens | None = episode.tokens
+    if conv is None:
+        raise ValueError(f"episode {episode.id} has no token record: roll it out with a TokenPolicy "
+                         "(ChatModel.policy)")
     n = min(len(conv.input_ids), max_tokens)
     return TokenizedTrajectory(
         input_ids=conv.input_ids[:n],
