@@ -63,13 +63,6 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
     return [p for p in _step_dirs(out_dir) if (p / STATE_FILE).is_file()]
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None (not checked: ``resume_checkpoint`` falls back
-    past a corrupt one)."""
-    found = list_checkpoints(out_dir)
-    return found[-1] if found else None
-
-
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
