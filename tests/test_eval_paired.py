@@ -13,7 +13,7 @@ from progress_sql.cli import app
 from progress_sql.params import settings_from_dict
 from corpora import small_corpus
 from progress_sql.eval import ORACLE, run_eval
-from progress_sql.eval.paired import CompareError, compare_runs, mcnemar_exact, read_predictions
+from progress_sql.eval.paired import CompareError, compare_runs, mcnemar_exact, read_predictions, wilson_interval
 from progress_sql.eval.generators import Completion
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
@@ -54,6 +54,18 @@ def test_mcnemar_exact_matches_the_binomial_tail():
         mcnemar_exact(-1, 2)
 
 
+def test_wilson_interval_matches_published_values_and_stays_inside_0_1():
+    """95 % Wilson score intervals (Newcombe 1998, Table I: 81/263 gives 0.2553-0.3662; 0/10 gives
+    0-0.2775), and the interval of a paired comparison's EX."""
+    low, high = wilson_interval(81, 263)
+    assert (round(low, 4), round(high, 4)) == (0.2553, 0.3662)
+    assert wilson_interval(0, 10) == (0.0, pytest.approx(0.2775, abs=1e-4))
+    assert wilson_interval(10, 10) == (pytest.approx(0.7225, abs=1e-4), 1.0)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
 def test_oracle_against_half_right_counts_the_lost_examples(runs):
     _, oracle, half = runs
     comparisons = compare_runs(oracle, half)
@@ -89,7 +101,7 @@ def test_cli_prints_the_table_and_json(runs):
     _, oracle, half = runs
     result = CliRunner().invoke(app, ["compare", str(oracle), str(half), "--split", "dev", "--ids"])
     assert result.exit_code == 0, result.output
-    assert "| dev | greedy | 12 | 100.00 % |" in result.output
+    assert "| dev | greedy | 12 | 100.00 % [75.8, 100.0] |" in result.output
     assert "dev/greedy lost:" in result.output
     result = CliRunner().invoke(app, ["compare", str(oracle), str(half), "--json"])
     assert result.exit_code == 0, result.output

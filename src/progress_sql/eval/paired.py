@@ -5,7 +5,8 @@ does not. On a few hundred questions a change of a few points is often noise, so
 comparison reports, per split and decoding mode:
 
 - ``n``: examples present in both runs (matched by example id);
-- ``ex_a`` / ``ex_b``: EX of each run on those examples;
+- ``ex_a`` / ``ex_b``: EX of each run on those examples, each with its 95 % Wilson score
+  interval (``ci_a`` / ``ci_b``: what the split's size alone leaves uncertain);
 - ``gained`` / ``lost``: examples right only in B / only in A (ids listed);
 - ``p_value``: the exact two-sided McNemar test of ``gained`` against ``lost`` (a binomial
   test with p = ½ over the discordant examples); 1.0 when there are none.
@@ -46,8 +47,30 @@ class PairedComparison:
     def p_value(self) -> float:
         return mcnemar_exact(len(self.gained), len(self.lost))
 
+    @property
+    def ci_a(self) -> tuple[float, float]:
+        return wilson_interval(round(self.ex_a * self.n), self.n)
+
+    @property
+    def ci_b(self) -> tuple[float, float]:
+        return wilson_interval(round(self.ex_b * self.n), self.n)
+
     def record(self) -> dict[str, Any]:
-        return {**asdict(self), "p_value": self.p_value}
+        return {**asdict(self), "p_value": self.p_value, "ci_a": list(self.ci_a), "ci_b": list(self.ci_b)}
+
+
+def wilson_interval(right: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a share ``right``/``n`` (sound at 0 and near it, where
+    the normal approximation gives a negative bound); (0, 1) when n is 0."""
+    if not 0 <= right <= n:
+        raise ValueError("need 0 <= right <= n")
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = right / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    # at 0 or n the bound is exactly 0 or 1 (rounding would leave it a hair inside)
+    return (0.0 if right == 0 else centre - half), (1.0 if right == n else centre + half)
 
 
 def mcnemar_exact(gained: int, lost: int) -> float:
@@ -134,9 +157,14 @@ def compare_runs(run_a: str | Path, run_b: str | Path, splits: Sequence[str] = (
 
 
 def markdown_table(comparisons: Sequence[PairedComparison]) -> str:
-    """One row per (split, mode): n, both EX, gained, lost, McNemar p."""
-    lines = ["| split | mode | n | EX A | EX B | gained | lost | p (McNemar) |", "|---|---|---|---|---|---|---|---|"]
+    """One row per (split, mode): n, both EX with their 95 % intervals, gained, lost, McNemar p."""
+    lines = ["| split | mode | n | EX A [95 %] | EX B [95 %] | gained | lost | p (McNemar) |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ex(share: float, ci: tuple[float, float]) -> str:
+        return f"{100 * share:.2f} % [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
     for c in comparisons:
-        lines.append(f"| {c.split} | {c.mode} | {c.n} | {100 * c.ex_a:.2f} % | {100 * c.ex_b:.2f} % | "
+        lines.append(f"| {c.split} | {c.mode} | {c.n} | {ex(c.ex_a, c.ci_a)} | {ex(c.ex_b, c.ci_b)} | "
                      f"{len(c.gained)} | {len(c.lost)} | {c.p_value:.3g} |")
     return "\n".join(lines)
