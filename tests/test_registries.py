@@ -82,7 +82,9 @@ def test_the_copies_of_registries_in_lower_layers_agree_with_them():
     from progress_sql.inference.backends import BACKEND_CLASSES
     from progress_sql.train import losses
 
-    assert tuple(BACKENDS) == tuple(BACKEND_CLASSES)  # inference.settings.BACKENDS: the names and their sections
+    # inference.settings.BACKENDS names each backend; its module of that name declares the class
+    assert tuple(BACKEND_CLASSES) == tuple(BACKENDS)
+    assert all(cls.__module__ == f"progress_sql.inference.backends.{name}" for name, cls in BACKEND_CLASSES.items())
     assert AGGREGATIONS == losses.AGGREGATIONS
     assert {spec.aggregation for spec in ALGORITHMS.values()} - {None} <= set(losses.AGGREGATIONS)
 

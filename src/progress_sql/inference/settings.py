@@ -1,10 +1,10 @@
 """Generation settings (params.yaml ``generation``) and the names of the generation backends.
 
 Torch-free, so the settings validate without loading a backend. ``BACKENDS`` is the one list
-of backend names, each with its settings section (``generation.<name>``); the classes are
-``inference.backends.BACKEND_CLASSES``, under the same names (tests/test_registries.py checks
-the two agree). Adding a backend: its module in ``inference/backends/``, its section and entry
-here, its class there, its test.
+of backend names, each with its settings section (``generation.<name>``); the backend called
+``name`` is the module ``inference.backends.<name>``, whose ``BACKEND = <class>`` line names its
+class (``inference.backends.BACKEND_CLASSES`` reads them). Adding a backend: its module there,
+its section and entry here, its test.
 """
 
 from __future__ import annotations

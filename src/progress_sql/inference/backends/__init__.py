@@ -9,14 +9,17 @@ stop strings):
 - ``vllm``: ``VLLMBackend``, a vLLM engine in its own processes (``vllm_worker`` runs there),
   the training model's weights loaded into it after each update.
 
-``BACKEND_CLASSES`` holds each class under its name in ``inference.settings.BACKENDS`` (the
-torch-free list of names and settings sections, ``generation.<name>``); an optional dependency
-is imported by the class's ``create``. ``make_backend`` builds the one ``generation.backend``
-names. Callers reach a backend through the one policy adapter, ``inference.policy.ChatModel``.
+The backend called ``name`` in ``inference.settings.BACKENDS`` (the torch-free list of names and
+settings sections, ``generation.<name>``) is the module ``inference.backends.<name>``, which
+declares its class in one line, ``BACKEND = <class>``; ``BACKEND_CLASSES`` reads them, so a new
+backend is listed once. An optional dependency is imported by the class's ``create``.
+``make_backend`` builds the one ``generation.backend`` names. Callers reach a backend through
+the one policy adapter, ``inference.policy.ChatModel``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -35,7 +38,7 @@ from progress_sql.inference.backends.base import (
 )
 from progress_sql.inference.backends.transformers import TransformersBackend, cache_kwarg
 from progress_sql.inference.backends.vllm import VLLMBackend, VLLMEngineDied
-from progress_sql.inference.settings import GenerationSettings
+from progress_sql.inference.settings import BACKENDS, GenerationSettings
 
 __all__ = [
     "BACKEND_CLASSES", "BackendUnavailable", "FinishReason", "GenerationBackend", "NonFiniteLogits", "Sample", "StopChecker",
@@ -44,8 +47,13 @@ __all__ = [
 ]
 
 
+def _declared_class(name: str) -> type[GenerationBackend]:
+    """The ``BACKEND`` that the module of the backend called ``name`` declares."""
+    return importlib.import_module(f"{__name__}.{name}").BACKEND
+
+
 # The backends by class, under their names in inference.settings.BACKENDS.
-BACKEND_CLASSES: dict[str, type[GenerationBackend]] = {"transformers": TransformersBackend, "vllm": VLLMBackend}
+BACKEND_CLASSES: dict[str, type[GenerationBackend]] = {name: _declared_class(name) for name in BACKENDS}
 
 
 def backend_class(name: str) -> type[GenerationBackend]:

@@ -449,3 +449,5 @@ class TransformersBackend:
         assert kv[0][0].shape[-2] == len(ids)
         self._prefixes[tuple(ids)] = kv  # type: ignore[index]
 
+
+BACKEND = TransformersBackend  # generation.backend: transformers (inference.backends.BACKEND_CLASSES)

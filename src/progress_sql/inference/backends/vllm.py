@@ -333,3 +333,5 @@ class VLLMBackend:
         shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._tmp.cleanup()
 
+
+BACKEND = VLLMBackend  # generation.backend: vllm (inference.backends.BACKEND_CLASSES)
