@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------- shared
 def _load_settings(args: argparse.Namespace, work: Path, extra: dict[str, Any] | None = None):
-    from progress_sql.config import load_settings  # noqa: PLC0415
+    from progress_sql.params import load_settings  # noqa: PLC0415
 
     shape = SMOKE_MODEL if args.cpu_smoke else QWEN_05B
     overrides: dict[str, Any] = {f"model.{k}": v for k, v in shape.items()}

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from progress_sql.config import RLSettings  # noqa: E402
+from progress_sql.params import RLSettings  # noqa: E402
 from progress_sql.inference import attention  # noqa: E402
 from progress_sql.train.logprobs import chunk_tokens, head_bypassed, token_logprobs  # noqa: E402
 from progress_sql.train.packing import micro_batches, token_batch, use_packed_attention  # noqa: E402

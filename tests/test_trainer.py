@@ -17,7 +17,7 @@ pytest.importorskip("deepspeed")
 from safetensors.torch import load_file  # noqa: E402
 
 from progress_sql import envs  # noqa: E402
-from progress_sql.config import RLSettings  # noqa: E402
+from progress_sql.params import RLSettings  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Sequence
 from tqdm import tqdm
 
 from progress_sql import rewards
-from progress_sql.config import Settings
+from progress_sql.params import Settings
 from progress_sql.corpus.records import CORPUS_SPLITS, CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.sources import VARIANTS
 from progress_sql import envs

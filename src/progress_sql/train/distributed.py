@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from progress_sql.config import PACKAGE_CONFIGS, RLSettings
+from progress_sql.params import PACKAGE_CONFIGS, RLSettings
 from progress_sql.train.lora import save_policy
 
 EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()

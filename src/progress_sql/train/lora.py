@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from progress_sql.config import LoRASettings
+from progress_sql.params import LoRASettings
 
 ADAPTER_DIR = "adapter"
 

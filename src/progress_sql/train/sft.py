@@ -33,7 +33,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from progress_sql import rewards
-from progress_sql.config import Settings, default_settings
+from progress_sql.params import Settings, default_settings
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
 from progress_sql.envs import (
     Message,
