@@ -111,3 +111,205 @@ def test_gspo_weights_each_sequence_by_its_mean_log_ratio():
 def test_importance_weights_refuse_a_cap_below_one():
     with pytest.raises(ValueError, match="at least 1"):
         importance_weights(torch.zeros(2), torch.zeros(2), 0.5)
+
+
+# ----------------------------------------------------------------------------- the producer
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(corpus, policy): the school corpus and the untrained tiny policy (the producer's
+    machinery needs no skill: its rollouts are noise, whole groups all the same)."""
+    from corpora import school_corpus, school_settings
+
+    from progress_sql.train.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("async")
+    corpus = school_corpus(root / "corpus")
+    return corpus, build_tiny_model(corpus, school_settings(), root / "base")
+
+
+def _producer(corpus, policy, *, first_step=1, position=0, version=0, sample_from=None, **async_settings):
+    from corpora import school_settings
+
+    from progress_sql.corpus.records import CorpusLayout, read_jsonl
+    from progress_sql.inference.models import load_policy
+    from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer, policy_weights
+
+    s = school_settings(policy)
+    s.rl.steps = 4
+    s.rl.async_ = s.rl.async_.model_copy(update={"enabled": True, **async_settings})
+    train = list(read_jsonl(CorpusLayout(corpus).split("train")))
+    model, _ = load_policy(policy, dtype="float32", device="cpu")
+    spec = ProducerSpec(s, str(sample_from or corpus), train, first_step, position)
+    return s, model, RolloutProducer(spec, policy_weights(model), version)
+
+
+def test_the_producer_sends_whole_groups_step_by_step_within_the_staleness_bound(tiny):
+    """Staleness 1: step 1 is sampled with the starting weights, each later step with the weights
+    one update behind those that train it; every group is G episodes of one question, the
+    questions those the trainer's stream draws; a step asked out of order is refused."""
+    from progress_sql.train.questions import question_indices
+
+    corpus, policy = tiny
+    s, model, producer = _producer(corpus, policy)
+    G = s.rl.group_size  # noqa: N806
+    try:
+        with pytest.raises(RuntimeError, match="step 2 asked, step 1 is next"):
+            producer.next_batch(2, 1)
+        drawn = question_indices(4, 0, 4 * s.rl.questions_per_step, s.rl.seed)
+        for step in range(1, 5):
+            batch = producer.next_batch(step, step - 1)
+            assert step - 1 - batch.version == min(step - 1, 1)
+            assert batch.data_position == step * s.rl.questions_per_step
+            ids = [ep.example.id for ep in batch.episodes]
+            assert [t.group_id for t in batch.trajs] == [i // G for i in range(len(ids))]
+            assert all(len(set(ids[g:g + G])) == 1 for g in range(0, len(ids), G))
+            assert [ids[g] for g in range(0, len(ids), G)] == [
+                f"q{i}" for i in drawn[(step - 1) * s.rl.questions_per_step:step * s.rl.questions_per_step]]
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.0 - 1e-3)
+            producer.publish(model, step)
+    finally:
+        producer.close()
+    assert not producer.process.is_alive()
+
+
+def test_a_producer_error_comes_back_with_its_traceback(tiny, tmp_path):
+    corpus, policy = tiny
+    from progress_sql.train.rollout_producer import ProducerFailed
+
+    _, _, producer = _producer(corpus, policy, sample_from=tmp_path / "no-corpus")
+    try:
+        with pytest.raises(ProducerFailed, match=r"(?s)failed:\nTraceback.*no-corpus"):
+            producer.next_batch(1, 0)
+    finally:
+        producer.close()
+
+
+def test_a_hung_producer_fails_within_the_timeout(tiny):
+    """A producer that cannot go on (here: waiting for weights that never come) fails the
+    trainer's wait after rl.async.timeout_s."""
+    import time
+
+    from progress_sql.train.rollout_producer import ProducerFailed
+
+    corpus, policy = tiny
+    _, _, producer = _producer(corpus, policy, first_step=3, version=0, max_staleness=0, timeout_s=3.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ProducerFailed, match=r"did not answer in 3 s \(rl.async.timeout_s; no batch for step 3\)"):
+            producer.next_batch(3, 2)
+    finally:
+        producer.close()
+    assert time.monotonic() - started < 30 and not producer.process.is_alive()
+
+
+# ----------------------------------------------------------------------------- the loop
+@pytest.fixture(scope="module")
+def warmish(tiny, tmp_path_factory):
+    """(corpus, policy): the tiny policy after 60 SFT steps (as tests/test_trainer.py warms it): rollouts
+    whose rewards differ within a group, so updates move the weights and the importance weights move off 1."""
+    from corpora import half_right_sft, school_settings
+
+    from progress_sql.train.sft import run_sft
+
+    corpus, base = tiny
+    out = tmp_path_factory.mktemp("warmish") / "sft"
+    run_sft(half_right_sft(school_settings(), base, 60.0), corpus, out_dir=out, progress=False)
+    return corpus, out
+
+
+def _async_settings(policy, steps=3, **async_settings):
+    from corpora import school_settings
+
+    s = school_settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.checkpoint_every = "never", steps, 1
+    s.rl.async_ = s.rl.async_.model_copy(update={"enabled": True, **async_settings})
+    return s
+
+
+def _rows(out, step):
+    import json
+
+    return [json.loads(line) for line in (out / "rollouts" / f"step-{step}.jsonl").read_text().splitlines()]
+
+
+def _producers():
+    import multiprocessing
+
+    from progress_sql.train.rollout_producer import PROCESS_NAME
+
+    return [p for p in multiprocessing.active_children() if p.name == PROCESS_NAME]
+
+
+def test_async_rl_trains_each_step_once_on_whole_groups_within_the_staleness_bound(warmish, tmp_path):
+    """Three steps, staleness 1: step 1 on the starting weights (0), the next ones a step behind
+    (1); every step's batch is the trainer's question stream, G episodes of each question in one
+    group; the importance weights are 1 at staleness 0 and move off 1 after an update."""
+    from progress_sql.train.questions import question_indices
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = warmish
+    s = _async_settings(policy)
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    m = result.metrics
+    assert [x["step"] for x in m] == [1, 2, 3]
+    assert [x["async/staleness_max"] for x in m] == [0.0, 1.0, 1.0]
+    assert all(x["async/staleness_mean"] <= x["async/staleness_max"] <= s.rl.async_.max_staleness for x in m)
+    assert m[0]["async/is_mean"] == pytest.approx(1.0, abs=1e-4) and m[0]["async/is_truncated"] == 0.0
+    assert m[0]["ratio"] == pytest.approx(1.0, abs=1e-6)  # the clip is against the proximal policy
+    assert any(abs(x["async/is_max"] - 1.0) > 1e-4 for x in m[1:])  # the behaviour policy was an update behind
+    assert all(math.isfinite(v) for x in m for v in x.values() if isinstance(v, float))
+    G, per_step = s.rl.group_size, s.rl.questions_per_step  # noqa: N806
+    drawn = question_indices(4, 0, 3 * per_step, s.rl.seed)
+    for step in (1, 2, 3):
+        rows = _rows(result.out_dir, step)
+        assert len(rows) == G * per_step
+        groups: dict[int, set[str]] = {}
+        for row in rows:
+            groups.setdefault(row["group"], set()).add(row["example_id"])
+        assert all(len(ids) == 1 for ids in groups.values()) and len(groups) == per_step
+        assert [rows[g * G]["example_id"] for g in range(per_step)] == [
+            f"q{i}" for i in drawn[(step - 1) * per_step:step * per_step]]
+    assert not _producers()  # closed with the run
+
+
+def test_a_killed_producer_ends_the_run_with_its_error(warmish, tmp_path):
+    """SIGKILL to the producer after step 1: the run fails at the next batch it lacks, naming the
+    signal, and leaves no producer behind. (Step 4 needs weights that step 2 makes: the producer
+    cannot have sampled every step before it was killed.)"""
+    import os
+    import signal
+
+    from progress_sql.train.rollout_producer import ProducerFailed
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = warmish
+    killed = []
+
+    def kill(step, _metrics):
+        if step == 1:
+            [producer] = _producers()
+            os.kill(producer.pid, signal.SIGKILL)
+            killed.append(producer.pid)
+
+    with pytest.raises(ProducerFailed, match=r"exited with code -9 \(killed by SIGKILL\)"):
+        run_rl(_async_settings(policy, steps=4), corpus, out_dir=tmp_path, progress=False, on_step=kill)
+    assert killed and not _producers()
+
+
+def test_an_async_run_resumes_from_a_checkpoint_at_its_data_position(warmish, tmp_path):
+    """Resumed from step 1's checkpoint, the producer starts again at step 2 with the checkpoint's
+    weights (staleness 0: the queue of the first run is dropped) and draws step 2's questions."""
+    from progress_sql.train.checkpoint import list_checkpoints
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = warmish
+    s = _async_settings(policy, steps=2)
+    first = run_rl(s, corpus, out_dir=tmp_path / "a", progress=False)
+    second = run_rl(s, corpus, out_dir=tmp_path / "b", resume=list_checkpoints(first.out_dir)[0], progress=False)
+    assert [x["step"] for x in second.metrics] == [1, 2]
+    assert second.metrics[0] == first.metrics[0]  # step 1 as the checkpoint recorded it
+    assert first.metrics[1]["async/staleness_max"] == 1.0 and second.metrics[1]["async/staleness_max"] == 0.0
+    assert [r["example_id"] for r in _rows(second.out_dir, 2)] == [r["example_id"] for r in _rows(first.out_dir, 2)]
+    assert not _producers()

@@ -108,6 +108,10 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
         use_packed_attention(model)
     reference = None
     if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
+        if rl.async_.enabled and adapts_tied_head(model, rl.lora):
+            raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
+                             "embedding: the rollout producer of rl.async loads the tied model and cannot take the "
+                             "untied head; leave the head out of rl.lora.targets or set rl.async.enabled: false")
         if gen.backend == "vllm" and adapts_tied_head(model, rl.lora):
             raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
                              "embedding: vLLM, loading that model, would drop the head's adapter; generate with the "
@@ -127,8 +131,12 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
     engine = make_engine(model, rl, deepspeed=deepspeed, total_updates=rl.steps * rl.updates_per_batch,
                          grad_accum=grad_accum)
     resources.callback(engine.close)
-    backend = make_backend(gen, engine.module, tokenizer, rl.init_from, seed=settings.seed)
+    # rl.async: the rollout producer samples with generation.backend in its own process; the
+    # trainer's sampler (the rl.questions solved pass) is the transformers backend over its own
+    # module, which costs nothing (no second vLLM engine)
+    own = gen.model_copy(update={"backend": "transformers"}) if rl.async_.enabled else gen
+    backend = make_backend(own, engine.module, tokenizer, rl.init_from, seed=settings.seed)
     resources.callback(backend.close)
     return RLRun(settings, out, layout, train, fingerprint, engine, backend,
-                 ChatModel(rl.init_from, backend, tokenizer, gen), reference, recipe, judge, env_factory,
+                 ChatModel(rl.init_from, backend, tokenizer, own), reference, recipe, judge, env_factory,
                  max_turns, max_sequence_tokens(gen, max_turns))

@@ -59,13 +59,15 @@ from progress_sql.train.checkpoint import save_checkpoint
 from progress_sql.train.distributed import rank, world_size
 from progress_sql.train.logprobs import token_logprobs
 from progress_sql.train.lora import adapters_disabled
-from progress_sql.train.losses import group_advantages, grpo_loss, gspo_loss
+from progress_sql.train.losses import grpo_loss, gspo_loss
 from progress_sql.train.packing import TokenBatch, micro_batches, token_batch
 from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, next_questions, rl_questions
 from progress_sql.train.resume import RLState, resumed_state
 from progress_sql.train.rl_run import RLRun, open_run
+from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer, policy_weights
+from progress_sql.train.rollouts import StepBatch, sample_step, step_seed
 from progress_sql.train.samples import episode_view, spread
-from progress_sql.train.trajectories import TokenizedTrajectory, tokenized_trajectory
+from progress_sql.train.trajectories import TokenizedTrajectory
 
 
 @dataclass
@@ -84,11 +86,6 @@ class RLResult:
 
 
 # ----------------------------------------------------------------------------- helpers
-def step_seed(seed: int, step: int, rank_: int = 0) -> int:
-    """The generation seed of one step (and rank): resume replays the same rollouts."""
-    return int(np.random.SeedSequence([seed, step, rank_]).generate_state(1)[0])
-
-
 def micro_batch_loss(
     forward: Any,
     batch: TokenBatch,
@@ -101,12 +98,17 @@ def micro_batch_loss(
     num_sequences: int,
     num_tokens: float,
     max_tokens: int,
+    off_policy: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats."""
+    """This micro-batch's share of the batch loss (``rl.algorithm``), and its stats.
+    ``off_policy`` (rl.async): ``old_logp`` is the proximal policy and the batch's sampler
+    log-probabilities the behaviour policy of the decoupled objective (``train.losses``)."""
     logp = token_logprobs(forward, batch, temperature=temperature, chunk_mb=rl.logits_chunk_mb)
     if old_logp is None:  # one update per batch: the weights have not moved since sampling
         old_logp = logp.detach()
-    common = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
+    common: dict[str, Any] = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high, beta=rl.kl_beta)
+    if off_policy:
+        common.update(behaviour_logp=batch.sampler_logp, is_cap=rl.async_.is_cap)
     if rl.spec.ratio == "sequence":
         loss, stats = gspo_loss(logp, old_logp, ref_logp, advantages, batch.seq, **common,
                                 num_sequences=num_sequences)
@@ -127,18 +129,6 @@ def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.Re
 
 
 # ----------------------------------------------------------------------------- the step
-@dataclass
-class StepBatch:
-    """One step's rollouts: the episodes, their scores and token records, the advantages."""
-
-    episodes: list[envs.Episode]
-    scored: list[rewards.RewardOutput]
-    trajs: list[TokenizedTrajectory]
-    advantages: torch.Tensor
-    rollout_s: float
-    generate_s: float  # of rollout_s, in the backend's generate
-
-
 def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str]:
     """The state to start from: a checkpoint's (``run_rl``'s ``resume``: ``train.resume``) or
     step 0, clearing what an earlier run left in ``run.out``; and, for ``resume="auto"``, a line
@@ -162,27 +152,20 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
 
 def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
     """G episodes of each question (eval mode; ZeRO-3 gathers the full weights for the
-    sampler), scored by the recipe, tokenised, with their group advantages."""
-    rl = run.settings.rl
+    sampler), scored by the recipe, tokenised, with their group advantages (``train.rollouts``)."""
     run.engine.module.eval()
-    started = time.monotonic()
-    policy = run.chat.policy(run.recipe.fmt, max_tokens=run.max_tokens, seed=step_seed(rl.seed, step, rank()))
-    with run.engine.gathered(), torch.no_grad(), run.backend.reusing_prefixes():
-        episodes = envs.rollout(run.env_factory, policy, [q for q in questions for _ in range(rl.group_size)],
-                                run.layout.database)
-    rollout_s = time.monotonic() - started
-    scored = [run.recipe(ep.trajectory(), run.settings, judge=run.judge) for ep in episodes]
-    trajs = [tokenized_trajectory(ep, r.total, i // rl.group_size, run.max_tokens)
-             for i, (ep, r) in enumerate(zip(episodes, scored))]
-    adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs], rl.adv_eps,
-                           scale_std=rl.spec.scale_std, negative_scale=rl.negative_advantage_scale)
-    return StepBatch(episodes, scored, trajs, adv, rollout_s, policy.generate_s)
+    with run.engine.gathered():
+        return sample_step(run.settings, run.chat, run.recipe, run.judge, run.env_factory, run.layout.database,
+                           questions, seed=step_seed(run.settings.rl.seed, step, rank()), max_tokens=run.max_tokens)
 
 
-def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
+def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = None, version: int = 0
+             ) -> dict[str, Any]:
     """``rl.updates_per_batch`` passes over the batch's micro-batches (train mode), the sampler
     asleep (vLLM on a GPU frees its memory for the update); then the sampler wakes and takes the
-    new weights. The loss statistics, token-weighted over the passes."""
+    new weights. The loss statistics, token-weighted over the passes. With a ``producer``
+    (rl.async) the loss is the decoupled one, its importance-weight statistics added (``is_*``,
+    of the first pass), and the new weights go to the producer as ``version``."""
     rl, gen, engine = run.settings.rl, run.settings.generation, run.engine
     started = time.monotonic()
     trajs = batch.trajs
@@ -194,6 +177,9 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
     advantages = [batch.advantages[c].to(engine.device) for c in chunks]
     num_tokens = float(sum(t.sampled_tokens for t in trajs))
     stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
+    weighed = 0.0
+    if producer is not None:
+        stats.update(is_mean=0.0, is_max=0.0, is_truncated=0.0)
     with run.backend.asleep():
         engine.module.train()
         with torch.no_grad():
@@ -207,7 +193,8 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
             for k, (b, adv, old_logp, ref_logp) in enumerate(zip(tokens, advantages, old, refs)):
                 loss, mb = micro_batch_loss(engine, b, adv, old_logp, ref_logp, rl, temperature=gen.temperature,
                                             num_sequences=len(trajs), num_tokens=num_tokens,
-                                            max_tokens=run.max_turns * gen.max_new_tokens)  # Dr.GRPO's constant
+                                            max_tokens=run.max_turns * gen.max_new_tokens,  # Dr.GRPO's constant
+                                            off_policy=producer is not None)
                 engine.backward(loss, last=k == len(tokens) - 1)
                 engine.step()
                 stats["loss"] += float(loss.detach()) / rl.updates_per_batch
@@ -215,9 +202,20 @@ def optimise(run: RLRun, batch: StepBatch) -> dict[str, Any]:
                     stats[key] += mb[key] * mb["tokens"] / max(num_tokens, 1.0) / rl.updates_per_batch
                 if update == 0:
                     stats["sampler_gap"] += mb["sampler_gap"]
+                if update == 0 and producer is not None:  # the weights to the behaviour policy do not change
+                    weighed += mb["is_count"]  # tokens (GSPO: sequences)
+                    stats["is_mean"] += mb["is_mean"] * mb["is_count"]
+                    stats["is_truncated"] += mb["is_truncated"] * mb["is_count"]
+                    stats["is_max"] = max(stats["is_max"], mb["is_max"])
         updated = time.monotonic()
+    if producer is not None:
+        stats["is_mean"] /= max(weighed, 1.0)
+        stats["is_truncated"] /= max(weighed, 1.0)
     with engine.gathered():
-        run.backend.sync_weights(engine.module)
+        if producer is None:
+            run.backend.sync_weights(engine.module)
+        else:
+            producer.publish(engine.module, version)
     model_tokens = sum(b.model_tokens for b in tokens)
     stats.update(grad_norm=engine.grad_norm, micro_batches=len(tokens), update_s=time.monotonic() - started,
                  sync_s=time.monotonic() - updated, num_tokens=num_tokens, update_tokens=model_tokens,
@@ -319,6 +317,43 @@ def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example]
     return final
 
 
+# ----------------------------------------------------------------------------- rl.async
+def start_producer(run: RLRun, state: RLState, train: list[Example], resources: contextlib.ExitStack
+                   ) -> RolloutProducer:
+    """The rollout producer of this run (``train.rollout_producer``), from the next step at the
+    state's data position, with the trainer's weights as version ``state.step`` (a resumed run
+    starts it at the checkpoint's: what an earlier producer had sampled beyond it is gone);
+    closed however the run ends."""
+    with run.engine.gathered():
+        weights = policy_weights(run.engine.module)
+    spec = ProducerSpec(run.settings, str(run.layout.root), train, state.step + 1, state.data_position, rank(),
+                        world_size())
+    producer = RolloutProducer(spec, weights, version=state.step)
+    resources.callback(producer.close)
+    return producer
+
+
+def async_step(run: RLRun, producer: RolloutProducer, state: RLState) -> tuple[StepBatch, dict[str, Any]]:
+    """Step ``state.step`` with rl.async: the producer's batch of this step (sampled with weights
+    at most rl.async.max_staleness updates old), the decoupled update, the new weights to the
+    producer; its metrics with the ``async/`` ones."""
+    waited = time.monotonic()
+    produced = producer.next_batch(state.step, trained_version=state.step - 1)
+    wait_s = time.monotonic() - waited
+    state.data_position = produced.data_position
+    batch = produced.step_batch()
+    opt = optimise(run, batch, producer, version=state.step)
+    metrics = step_metrics(run, state.step, batch, opt)
+    staleness = float(state.step - 1 - produced.version)  # one version a batch: each episode's staleness
+    metrics.update({
+        "async/staleness_mean": staleness, "async/staleness_max": staleness,
+        "async/is_mean": opt["is_mean"], "async/is_max": opt["is_max"], "async/is_truncated": opt["is_truncated"],
+        "async/wait_s": wait_s,  # the trainer idle, waiting for this batch
+        "async/producer_sync_s": produced.sync_s,  # the producer loading the weights it sampled with
+    })
+    return batch, metrics
+
+
 # ----------------------------------------------------------------------------- the loop
 def run_rl(
     settings: Settings,
@@ -352,13 +387,18 @@ def run_rl(
         started = time.monotonic()  # rl.max_minutes covers rl.questions' greedy pass too
         train = rl_questions(run, state)
         train_s = time.monotonic() - started
+        # rl.async: a producer process samples the next steps meanwhile (train.rollout_producer)
+        producer = start_producer(run, state, train, resources) if rl.async_.enabled else None
         bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.is_rank0), desc="rl", unit="step")
         stopped_by = "steps"
         while state.step < rl.steps:
             state.step += 1
             t_step = time.monotonic()
-            batch = rollout_step(run, next_questions(run, train, state), state.step)
-            metrics = step_metrics(run, state.step, batch, optimise(run, batch))
+            if producer is None:
+                batch = rollout_step(run, next_questions(run, train, state), state.step)
+                metrics = step_metrics(run, state.step, batch, optimise(run, batch))
+            else:
+                batch, metrics = async_step(run, producer, state)
             metrics["step_s"] = time.monotonic() - t_step
             metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
             state.history.append(metrics)
