@@ -75,18 +75,21 @@ def test_an_environment_checks_the_format_it_is_asked_to_speak():
     assert envs.get("odt_feedback").reads_gold and not envs.get("exec_feedback").reads_gold
 
 
-def test_the_copies_of_registries_in_lower_layers_agree_with_them():
-    """The settings, which validate without torch, hold two lists whose registry lives in a
-    module that imports torch: the backends' classes and the loss aggregations."""
-    pytest.importorskip("torch")
+def test_the_lists_in_the_settings_have_their_code():
+    """The settings, which validate without torch, hold two lists whose code lives in modules
+    that import torch: each backend's module declares its class, and each loss aggregation has
+    its branch of train.losses.token_weights."""
+    torch = pytest.importorskip("torch")
     from progress_sql.inference.backends import BACKEND_CLASSES
     from progress_sql.train import losses
 
     # inference.settings.BACKENDS names each backend; its module of that name declares the class
     assert tuple(BACKEND_CLASSES) == tuple(BACKENDS)
     assert all(cls.__module__ == f"progress_sql.inference.backends.{name}" for name, cls in BACKEND_CLASSES.items())
-    assert AGGREGATIONS == losses.AGGREGATIONS
-    assert {spec.aggregation for spec in ALGORITHMS.values()} - {None} <= set(losses.AGGREGATIONS)
+    seq = torch.tensor([0, 0, 1])
+    for name in AGGREGATIONS:  # an unknown name raises ValueError
+        assert float(losses.token_weights(seq, 2, name, max_tokens=4).sum()) > 0, name
+    assert {spec.aggregation for spec in ALGORITHMS.values()} - {None} <= set(AGGREGATIONS)
 
 
 def test_params_yaml_and_the_reference_name_registries_without_copying_their_names():

@@ -274,8 +274,8 @@ ALGORITHMS = {
 }
 
 
-# The token aggregations of the loss (train.losses.AGGREGATIONS, the registry, in a layer above:
-# tests/test_registries.py checks that this copy equals it).
+# The token aggregations of the loss, the one list: train.losses.token_weights has a branch for
+# each (tests/test_registries.py checks it).
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 

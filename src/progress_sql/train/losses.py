@@ -29,7 +29,8 @@ Aggregation (how per-token terms become one number):
 - ``seq_mean_token_mean`` (GRPO): mean over sequences of each sequence's token mean
 - ``seq_mean_token_sum_norm`` (Dr.GRPO): mean over sequences of Σ_t ℓ / ``max_tokens``
 
-Each is a weighted sum Σ w_t ℓ_t with a weight per token (``token_weights``). For gradient
+Each is a weighted sum Σ w_t ℓ_t with a weight per token (``token_weights``, a branch per name
+of ``params.settings.AGGREGATIONS``, the one list, which ``rl.loss_aggregation`` takes). For gradient
 accumulation the trainer passes the *whole batch's* ``num_sequences`` and ``num_tokens``: then
 the micro-batch losses add up exactly to the full-batch loss.
 """
@@ -40,8 +41,9 @@ from typing import Literal, Sequence
 
 import torch
 
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from progress_sql.params.settings import AGGREGATIONS
+
+Aggregation = Literal[AGGREGATIONS]  # type: ignore[valid-type]
 
 
 def group_advantages(
