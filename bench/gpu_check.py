@@ -17,9 +17,11 @@ process group or a CUDA context never reaches the next, and the table holds what
   ``<work>/model``; nothing is downloaded;
 - the RL rows (``RL_PARTS``): ``zero2``, ``zero3`` (packed micro-batches, full fine-tuning),
   ``zero2-padded`` (``rl.packing: false``), ``zero2-lora``, ``zero3-lora`` (``rl.lora``, rank 16,
-  all linear layers) and ``vllm`` (ZeRO-2, the vLLM backend asleep during updates: the memory
-  its sleep freed): ``run_rl`` with DeepSpeed, bf16, ``progress`` + ``odt_feedback`` (T = 4),
-  G = 8, one warm-up step then ``--steps`` timed ones. Per step:
+  all linear layers), ``vllm`` (ZeRO-2, the vLLM backend asleep during updates: the memory
+  its sleep freed) and ``async`` (ZeRO-2 with ``rl.async``, ``max_staleness`` 1: the rollout
+  producer's process samples on the same GPU while the trainer updates; its staleness and
+  importance weights, and its steps per minute against ``zero2``'s): ``run_rl`` with DeepSpeed,
+  bf16, ``progress`` + ``odt_feedback`` (T = 4), G = 8, one warm-up step then ``--steps`` timed ones. Per step:
   step seconds; rollout tokens/s (sampled tokens over the rollout, environment included) and
   generation tokens/s (over the time inside the backend's generate); update tokens/s (sequence
   tokens over the optimisation phase) and its model-FLOPs utilisation; peak memory. Then, on
@@ -65,6 +67,7 @@ RL_PARTS = {
     "zero3-lora": (3, {"rl.lora.enabled": True, "rl.lr": 1e-5}),
     "vllm": (2, {"generation.backend": "vllm", "generation.vllm.dtype": "bfloat16",
                  "generation.vllm.gpu_memory_utilization": 0.3, "generation.vllm.sleep_level": 2}),
+    "async": (2, {"rl.async.enabled": True, "rl.async.max_staleness": 1}),
 }
 PARTS = ("env", "tests", "prepare", *RL_PARTS, "real")
 # Dense bf16 matrix rate by the vendors' datasheets (TFLOP/s), by a word of the device name.
@@ -384,7 +387,7 @@ def part_rl(args: argparse.Namespace, work: Path, name: str) -> dict[str, Any]:
                "update_tokens_per_s": tokens / max(m["update_s"], 1e-9),
                "mfu": flops / max(m["update_s"], 1e-9) / (peak * 1e12),
                "sampled_tokens": sampled, "sequence_tokens_mean": mean_len, "turns_mean": m["turns/mean"],
-               "peak_gib": _peak_gib()}
+               "peak_gib": _peak_gib(), **{k.replace("async/", "async_"): v for k, v in m.items() if k.startswith("async/")}}
         rows.append(row)
         print(f"{name} step {step}{' (warm-up)' if step == 1 else ''}: {row['step_s']:.1f} s, rollout "
               f"{row['rollout_s']:.1f} s ({row['generation_tokens_per_s']:,.0f} generated tokens/s in generate), "
@@ -407,6 +410,12 @@ def part_rl(args: argparse.Namespace, work: Path, name: str) -> dict[str, Any]:
                        "generation_tokens_per_s", "update_tokens_per_s", "mfu", "turns_mean", "padding",
                        "asleep_freed_gib")},
     }
+    if "async_staleness_max" in rows[0]:
+        out.update(staleness_mean=statistics.mean(r["async_staleness_mean"] for r in rows),
+                   staleness_max=max(r["async_staleness_max"] for r in rows),
+                   is_mean=statistics.mean(r["async_is_mean"] for r in timed), is_max=max(r["async_is_max"] for r in timed),
+                   is_truncated=statistics.mean(r["async_is_truncated"] for r in timed),
+                   wait_s=statistics.median(r["async_wait_s"] for r in timed))
     if name == "zero2":  # the reference: the first timed step's round-1 prompts, same batch and length
         from transformers import AutoTokenizer  # noqa: PLC0415
 
@@ -555,6 +564,17 @@ def table(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             (stage, "peak GiB" + (", freed by vLLM's sleep" if r.get("backend") == "vllm" else ""),
              f"{r['peak_gib']:.1f}" + (f", {r['asleep_freed_gib']:.1f}" if r.get("backend") == "vllm" else "")),
         ]
+        if "staleness_max" in r:
+            sync = results.get("zero2", {}).get("step_s")
+            rows += [
+                (stage, "staleness mean / max (steps), trainer waiting s a step",
+                 f"{r['staleness_mean']:.2f} / {r['staleness_max']:.0f}, {r['wait_s']:.1f}"),
+                (stage, "importance weight mean / max, share truncated",
+                 f"{r['is_mean']:.3f} / {r['is_max']:.2f}, {r['is_truncated']:.1%}"),
+                (stage, "steps/min async / zero2 (sync)",
+                 f"{60 / r['step_s']:.2f} / {_fmt(60 / sync if sync else None, '.2f')}"
+                 + (f" = {sync / r['step_s']:.2f}x" if sync else "")),
+            ]
         ref = r.get("reference")
         if ref:
             rows += [

