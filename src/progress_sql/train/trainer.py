@@ -170,11 +170,7 @@ def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = No
     started = time.monotonic()
     trajs = batch.trajs
     share = rl.packing and rl.shared_prefix  # a group's prompt runs once in its micro-batch
-    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
-                           packed=rl.packing, groups=[t.group_id for t in trajs] if share else None)
-    tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
-                          device=engine.device, share_prefix=share) for c in chunks]
-    advantages = [batch.advantages[c].to(engine.device) for c in chunks]
+    tokens, advantages = update_batches(run, batch, share)
     num_tokens = float(sum(t.sampled_tokens for t in trajs))
     stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
     weighed = 0.0
@@ -223,6 +219,17 @@ def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = No
                  shared=1.0 - model_tokens / max(sum(b.real_tokens for b in tokens), 1) if share else 0.0,
                  freed_gib=run.backend.freed_gib)
     return stats
+
+
+def update_batches(run: RLRun, batch: StepBatch, share: bool) -> tuple[list[TokenBatch], list[torch.Tensor]]:
+    """The batch's micro-batches on the engine's device (by length: rl.micro_batch_tokens or
+    rl.micro_batch_size; ``share``: a group's prompt once in its micro-batch) and their advantages."""
+    rl, trajs, device = run.settings.rl, batch.trajs, run.engine.device
+    chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
+                           packed=rl.packing, groups=[t.group_id for t in trajs] if share else None)
+    tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
+                          device=device, share_prefix=share) for c in chunks]
+    return tokens, [batch.advantages[c].to(device) for c in chunks]
 
 
 def reference_logprobs(run: RLRun, batch: TokenBatch) -> torch.Tensor | None:
@@ -355,6 +362,21 @@ def async_step(run: RLRun, producer: RolloutProducer, state: RLState) -> tuple[S
 
 
 # ----------------------------------------------------------------------------- the loop
+def train_step(run: RLRun, train: list[Example], state: RLState, producer: RolloutProducer | None
+               ) -> tuple[StepBatch, dict[str, Any]]:
+    """Step ``state.step``: its rollouts of the next questions of ``train`` (rl.async: the
+    producer's batch), the update, and the step's metrics with its timing."""
+    started = time.monotonic()
+    if producer is None:
+        batch = rollout_step(run, next_questions(run, train, state), state.step)
+        metrics = step_metrics(run, state.step, batch, optimise(run, batch))
+    else:
+        batch, metrics = async_step(run, producer, state)
+    metrics["step_s"] = time.monotonic() - started
+    metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
+    return batch, metrics
+
+
 def run_rl(
     settings: Settings,
     corpus_dir: str | Path,
@@ -393,14 +415,7 @@ def run_rl(
         stopped_by = "steps"
         while state.step < rl.steps:
             state.step += 1
-            t_step = time.monotonic()
-            if producer is None:
-                batch = rollout_step(run, next_questions(run, train, state), state.step)
-                metrics = step_metrics(run, state.step, batch, optimise(run, batch))
-            else:
-                batch, metrics = async_step(run, producer, state)
-            metrics["step_s"] = time.monotonic() - t_step
-            metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
+            batch, metrics = train_step(run, train, state, producer)
             state.history.append(metrics)
             record_step(run, state.step, metrics, batch, on_step, on_episodes)
             bar.update(1)  # rank 0's bar (the others' is disabled)
