@@ -54,7 +54,7 @@ def registered_settings() -> dict[str, Registered]:
         "rl.recipe": Registered("a recipe of `rewards.registry.RECIPES`", rewards.names),
         "rl.env": Registered("an environment of the `envs` registry", envs.names),
         "rl.algorithm": Registered("an algorithm of `params.ALGORITHMS`", lambda: tuple(ALGORITHMS)),
-        "rl.loss_aggregation": Registered("auto, or an aggregation of `train.losses.AGGREGATIONS`",
+        "rl.loss_aggregation": Registered("auto, or an aggregation of `params.settings.AGGREGATIONS`",
                                           lambda: ("auto", *AGGREGATIONS)),
         "eval.multi_turn_env": Registered("an environment of the `envs` registry whose feedback does not read the gold",
                                           lambda: tuple(n for n in envs.names() if not envs.get(n).reads_gold)),
