@@ -432,6 +432,25 @@ def test_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
     assert last > first + 0.12 and last > last_frozen + 0.08, (trained, frozen_ex)
 
 
+def test_async_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
+    """The same learning test with rl.async (staleness 1: every batch after the first sampled by
+    the producer with weights one update behind, the decoupled loss correcting for it), held to
+    the synchronous margins less a tolerance of 0.04 each (0.08 and 0.04 instead of 0.12 and 0.08):
+    one step of lag on eight passes a batch is not expected to learn as fast as on-policy."""
+    corpus, policy = half_right
+    s = _learning_settings(policy)
+    s.rl.async_.enabled, s.rl.async_.max_staleness = True, 1
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    trained = [m["ex"] for m in result.metrics]
+    assert max(m["async/staleness_max"] for m in result.metrics) == 1
+    first, last, last_frozen = _mean(trained[:10]), _mean(trained[-10:]), _mean(frozen_ex[-10:])
+    print(f"async rollout EX: steps 1-10 {first:.3f}, steps 31-40 {last:.3f}; no update, steps 31-40 {last_frozen:.3f}")
+    assert last > first + 0.12 - ASYNC_TOLERANCE and last > last_frozen + 0.08 - ASYNC_TOLERANCE, (trained, frozen_ex)
+
+
+ASYNC_TOLERANCE = 0.04  # rollout EX, against the synchronous margins
+
+
 def test_lora_rl_raises_ex_on_its_own_questions(half_right, frozen_ex, tmp_path):
     """The same learning test with rl.lora, held to full fine-tuning's margins: rank 16 on every
     linear layer and the output head (this 64-wide policy learns the task mostly there: on the
