@@ -279,12 +279,8 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
     rl, gen = settings.rl, settings.generation
     torch.set_num_threads(rl.async_.threads)
     layout = CorpusLayout(Path(spec.corpus_dir))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)
-    disable_dropout(model)
-    model.eval()
     # the trainer's weights, read in place: a module of the same shape over the shared tensors
-    view, _ = load_policy(rl.init_from, dtype="float32", device="cpu")
+    view, tokenizer = load_policy(rl.init_from, dtype="float32", device="cpu")
     params = dict(view.named_parameters())
     if set(params) != set(board.tensors):
         raise RuntimeError(f"the trainer's weights and {rl.init_from}'s differ in their parameters: "
@@ -292,6 +288,12 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
                            "embedding cannot be sent to the producer: leave lm_head out of rl.lora.targets)")
     for name, param in params.items():
         param.data = board.tensors[name]
+    model = view  # vLLM loads rl.init_from into its own engine; the module only gives the eos ids
+    if gen.backend != "vllm":  # the sampler: a copy of its own (the board changes under it)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, _ = load_policy(rl.init_from, dtype="float32", device=device)
+        disable_dropout(model)
+        model.eval()
     backend = make_backend(gen, model, tokenizer, rl.init_from, seed=settings.seed)
     resources.callback(backend.close)
     chat = ChatModel(rl.init_from, backend, tokenizer, gen)
