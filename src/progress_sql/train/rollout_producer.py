@@ -151,7 +151,9 @@ class RolloutProducer:
         # a flag, not an Event: an Event's set() waits for every process asleep in its wait(), and
         # a producer killed there never wakes
         self.stop = ctx.Value("b", 0, lock=False)
-        self.process = ctx.Process(target=_produce, name=PROCESS_NAME, daemon=True,
+        # not a daemon: a vLLM engine starts processes of its own, which a daemon may not;
+        # close() ends it however the run ends
+        self.process = ctx.Process(target=_produce, name=PROCESS_NAME, daemon=False,
                                    args=(spec, self.board, self.queue, self.stop))
         self.process.start()
 
