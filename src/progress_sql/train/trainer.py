@@ -34,7 +34,11 @@ same function.
 
 Around the loop: ``train.rl_run`` opens the run (``RLRun``: policy, engine, sampler, reward,
 environments), ``train.questions`` picks and orders its questions, ``train.resume`` holds its
-state (``RLState``) and decides whether it goes on from a checkpoint.
+state (``RLState``) and decides whether it goes on from a checkpoint, ``train.rollouts`` samples
+a step's groups. With ``rl.async`` a producer process (``train.rollout_producer``) samples the
+next steps while the loop updates, with weights at most ``rl.async.max_staleness`` updates old;
+the update then takes the old log-probabilities as the proximal policy (recomputed as above) and
+weights each token by its truncated importance weight to the sampler's (``train.losses``).
 """
 
 from __future__ import annotations
