@@ -256,6 +256,7 @@ def training_pipeline(
     params: str = "params.yaml",
     run_sft: bool = True,
     init_tiny_model: bool = True,
+    async_rollouts: bool = False,
     reports: str = "reports",
     mlruns_in_work_dir: bool = False,
 ) -> dict[str, Any]:
@@ -270,11 +271,14 @@ def training_pipeline(
         params: The settings file, relative to the repository root.
         run_sft: Warm-start with SFT; off: RL starts from rl.init_from as it is.
         init_tiny_model: Build the tiny CPU policy into model.base_dir (or save model.pretrained there: cpu-smollm2); off when sft.init_from / rl.init_from name a real model.
+        async_rollouts: Asynchronous rollouts (rl.async.enabled): a producer process samples the next step while the trainer updates, its weights at most rl.async.max_staleness steps old.
         reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml; under work_dir when relative.
         mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store, where the MLflow UI looks.
     """
     from progress_sql import tracking
 
+    if async_rollouts:
+        overrides = {**(overrides or {}), "rl.async.enabled": True}
     settings = resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir)
     _log_settings(settings, params, preset, work_dir)
     report_root = _reports_dir(reports, work_dir)

@@ -60,16 +60,16 @@ def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_
         # The Custom run form: the presets as a choice, a work_dir, the demo as its default.
         deployment = httpx.get(f"{api}/deployments/{ids['training-pipeline']}", timeout=30).json()
         form = deployment["parameter_openapi_schema"]["properties"]
-        assert {"preset", "work_dir", "overrides", "params", "run_sft", "init_tiny_model", "reports",
-                "mlruns_in_work_dir"} <= set(form)
-        assert {"none", "cpu-demo", "cpu-long"} <= set(form["preset"]["enum"])
+        assert {"preset", "work_dir", "overrides", "params", "run_sft", "init_tiny_model", "async_rollouts",
+                "reports", "mlruns_in_work_dir"} <= set(form)
+        assert {"none", "cpu-demo", "cpu-long", "cpu-smollm2"} <= set(form["preset"]["enum"])
         assert "Dotted settings keys" in form["overrides"]["description"]
         assert deployment["parameters"] == {"preset": "cpu-demo", "work_dir": "runs/demo"}
         assert deployment["entrypoint"] == "flows/pipeline.py:training_pipeline"
         # compare-methods' form: the scale among the scales only, the arms and seeds as fields
         compare = httpx.get(f"{api}/deployments/{ids['compare-methods']}", timeout=30).json()
         fields = compare["parameter_openapi_schema"]["properties"]
-        assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long"]
+        assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2"]
         assert "oneshot" in fields["arms"]["items"]["enum"] and fields["seeds"]["type"] == "integer"
 
         # A bad override fails the run at once, with the message the CLI prints.

@@ -264,24 +264,15 @@ def _put(out: Any, item: Any, stop: Any) -> bool:
     return False
 
 
-def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
-                   resources: contextlib.ExitStack) -> None:
-    from progress_sql import rewards  # noqa: PLC0415 - the producer's own imports
-    from progress_sql.corpus.records import CorpusLayout  # noqa: PLC0415
-    from progress_sql.envs.db_details import SchemaTexts  # noqa: PLC0415
-    from progress_sql.inference.backends import make_backend  # noqa: PLC0415
+def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack) -> tuple[torch.nn.Module, Any]:
+    """(view, chat): a module over the trainer's shared weights (read in place, under the board's
+    lock), and the producer's sampler, whose backend loads them on each ``sync_weights``."""
+    from progress_sql.inference.backends import make_backend  # noqa: PLC0415 - the producer's own imports
     from progress_sql.inference.models import load_policy  # noqa: PLC0415
     from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
-    from progress_sql.train.questions import question_indices  # noqa: PLC0415
-    from progress_sql.train.rl_run import disable_dropout, env_factory_for  # noqa: PLC0415
-    from progress_sql.train.rollouts import sample_step, step_seed  # noqa: PLC0415
-    from progress_sql.train.trajectories import max_sequence_tokens  # noqa: PLC0415
+    from progress_sql.train.rl_run import disable_dropout  # noqa: PLC0415
 
-    settings = spec.settings
     rl, gen = settings.rl, settings.generation
-    torch.set_num_threads(rl.async_.threads)
-    layout = CorpusLayout(Path(spec.corpus_dir))
-    # the trainer's weights, read in place: a module of the same shape over the shared tensors
     view, tokenizer = load_policy(rl.init_from, dtype="float32", device="cpu")
     params = dict(view.named_parameters())
     if set(params) != set(board.tensors):
@@ -298,11 +289,29 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
         model.eval()
     backend = make_backend(gen, model, tokenizer, rl.init_from, seed=settings.seed)
     resources.callback(backend.close)
-    chat = ChatModel(rl.init_from, backend, tokenizer, gen)
+    return view, ChatModel(rl.init_from, backend, tokenizer, gen)
+
+
+def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
+                   resources: contextlib.ExitStack) -> None:
+    from progress_sql import rewards  # noqa: PLC0415 - the producer's own imports
+    from progress_sql.corpus.records import CorpusLayout  # noqa: PLC0415
+    from progress_sql.envs.db_details import SchemaTexts  # noqa: PLC0415
+    from progress_sql.train.questions import question_indices  # noqa: PLC0415
+    from progress_sql.train.rl_run import env_factory_for  # noqa: PLC0415
+    from progress_sql.train.rollouts import sample_step, step_seed  # noqa: PLC0415
+    from progress_sql.train.trajectories import max_sequence_tokens  # noqa: PLC0415
+
+    settings = spec.settings
+    rl = settings.rl
+    torch.set_num_threads(rl.async_.threads)
+    layout = CorpusLayout(Path(spec.corpus_dir))
+    view, chat = _sampler(settings, board, resources)
+    backend = chat.backend
     recipe = rewards.get(rl.recipe)
     judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
     env_factory = env_factory_for(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
-    max_tokens = max_sequence_tokens(gen, env_factory().max_turns)
+    max_tokens = max_sequence_tokens(settings.generation, env_factory().max_turns)
     per_rank = rl.questions_per_step
     position, version = spec.data_position, -1
     for step in range(spec.first_step, rl.steps + 1):
