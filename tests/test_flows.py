@@ -284,7 +284,7 @@ def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
 
     form = parameter_schema(compare_methods).model_dump()["properties"]
     assert list(form)[:4] == ["comparison", "preset", "arms", "seeds"]
-    assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long"]
+    assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2"]
     assert form["arms"]["type"] == "array" and form["arms"]["default"] == []
     assert {"progress-sql", "oneshot", "skyrl-sql", "no-decay"} <= set(form["arms"]["items"]["enum"])
     assert form["seeds"]["type"] == "integer"
