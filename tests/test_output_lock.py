@@ -53,7 +53,9 @@ def project(tmp_path_factory) -> Path:
 
 
 def cli(project: Path, *args: str):
-    return CliRunner().invoke(app, [*args, "--params", str(project / "params.yaml"), "--no-progress"])
+    # a train command's reports go to the project, not to reports/ of the folder pytest runs in
+    reports = ["--report-dir", str(project / "reports")] if args[0] == "train" else []
+    return CliRunner().invoke(app, [*args, "--params", str(project / "params.yaml"), *reports, "--no-progress"])
 
 
 def steps(run: Path) -> list[int]:
