@@ -41,27 +41,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """The corpus and the SFT policy the runs start from."""
-    from progress_sql.data.build import build_corpus  # noqa: PLC0415
-    from progress_sql.params import default_settings  # noqa: PLC0415
-    from progress_sql.train.sft import run_sft  # noqa: PLC0415
-    from progress_sql.train.tiny import build_tiny_model  # noqa: PLC0415
+    from warm_policy import corpus_and_policy  # noqa: PLC0415 - bench/, beside this script
 
-    settings = default_settings().model_copy(deep=True)
-    corpus = Path(args.corpus) if args.corpus else work / "corpus"
-    if not args.corpus and not (corpus / "train.jsonl").exists():
-        started = time.perf_counter()
-        build_corpus(settings, corpus, progress=False)
-        print(f"corpus built in {time.perf_counter() - started:.0f} s", flush=True)
-    policy = Path(args.model) if args.model else work / "sft"
-    if not args.model and not (policy / "config.json").exists():
-        base = build_tiny_model(corpus, settings, work / "base")
-        settings.sft.init_from = str(base)
-        examples = settings.data.train_size * (1 + settings.sft.revision_share)
-        settings.sft.epochs = args.sft_steps * settings.sft.batch_size / examples
-        started = time.perf_counter()
-        run_sft(settings, corpus, out_dir=policy, progress=False)
-        print(f"SFT ({args.sft_steps} steps) in {time.perf_counter() - started:.0f} s", flush=True)
-    return corpus, policy
+    return corpus_and_policy(work, args.corpus, args.model, args.sft_steps)
 
 
 def run_mode(args: argparse.Namespace, corpus: Path, policy: Path, work: Path, mode: str, threads: int

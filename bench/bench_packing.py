@@ -41,33 +41,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from progress_sql.params import default_settings  # noqa: E402
-from progress_sql.data.build import build_corpus  # noqa: E402
 from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.packing import micro_batches, token_batch, use_packed_attention  # noqa: E402
-from progress_sql.train.sft import run_sft  # noqa: E402
-from progress_sql.train.tiny import build_tiny_model  # noqa: E402
 from progress_sql.train.trainer import micro_batch_loss, run_rl  # noqa: E402
 from progress_sql.train.trajectories import TokenizedTrajectory  # noqa: E402
+from warm_policy import corpus_and_policy  # noqa: E402 - bench/, beside this script
 
 
 def rollouts(args: argparse.Namespace, work: Path) -> tuple[Path, list[list[TokenizedTrajectory]]]:
     """The policy used and the trajectories of each real RL step."""
     settings = default_settings().model_copy(deep=True)
-    corpus = Path(args.corpus) if args.corpus else work / "corpus"
-    if not args.corpus:
-        started = time.perf_counter()
-        build_corpus(settings, corpus, progress=False)
-        print(f"corpus built in {time.perf_counter() - started:.0f} s")
-    policy = Path(args.model) if args.model else work / "sft"
-    if not args.model:
-        base = build_tiny_model(corpus, settings, work / "base")
-        settings.sft.init_from = str(base)
-        # epochs of sft_steps steps (the split holds train_size examples plus revision dialogues)
-        examples = settings.data.train_size * (1 + settings.sft.revision_share)
-        settings.sft.epochs = args.sft_steps * settings.sft.batch_size / examples
-        started = time.perf_counter()
-        run_sft(settings, corpus, out_dir=policy, progress=False)
-        print(f"SFT ({args.sft_steps} steps) in {time.perf_counter() - started:.0f} s")
+    corpus, policy = corpus_and_policy(work, args.corpus, args.model, args.sft_steps)
     settings.rl.init_from, settings.rl.steps, settings.rl.max_minutes = str(policy), args.steps, 60.0
     settings.rl.save_rollouts, settings.rl.deepspeed = True, "never"
     started = time.perf_counter()
