@@ -26,8 +26,6 @@ import torch
 from progress_sql.inference import attention
 from progress_sql.train.trajectories import TokenizedTrajectory
 
-
-
 Segment = tuple[int, int, int, int]  # (start, end) in the row, and its shared prefix's (start, end) or (0, 0)
 MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a segment of its own
 
