@@ -63,7 +63,9 @@ def _reference(model, trajs, temperature=1.0) -> torch.Tensor:
 
 @pytest.mark.parametrize("packed,shared", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("chunk_mb", [0.0, 0.004])  # 0.004 MiB: two tokens' fp32 logits a chunk
-def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk_mb):
+@pytest.mark.parametrize("query_block", [attention.QUERY_BLOCK, 3])  # 3: continuations in many blocks of queries
+def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk_mb, query_block, monkeypatch):
+    monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
     model = _model()
     trajs = _trajectories()
     batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared)
@@ -76,10 +78,12 @@ def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk
     assert chunk_tokens(VOCAB, chunk_mb) == (2 if chunk_mb else 2**62)
 
 
-def test_packed_and_chunked_gradients_equal_the_padded_full_ones():
+@pytest.mark.parametrize("query_block", [attention.QUERY_BLOCK, 3])
+def test_packed_and_chunked_gradients_equal_the_padded_full_ones(query_block, monkeypatch):
     """The loss and every parameter's gradient of one micro-batch: packed with chunked
     log-probabilities (the head recomputed in the backward pass) against padded with the whole
     projection at once."""
+    monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
     trajs = _trajectories()
     rl = RLSettings()
     adv = torch.tensor([0.5, -1.0, 2.0, -0.3, 0.8], dtype=torch.float64)
