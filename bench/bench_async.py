@@ -17,7 +17,9 @@ nothing overlaps, included) and of the steady steps (every step after the first,
 step's end to the next: ``step_s``), steps per minute of each, the mean rollout and update
 seconds; for async, the staleness (mean, max over steps) and the importance weights (mean, max,
 share truncated at ``rl.async.is_cap``), the seconds the trainer waited for a batch and the
-weight publish (``sync_s``); and the ratio async / sync of both rates (goal ≥ 1.3×).
+weight publish (``sync_s``); and the ratio async / sync of both rates (goal ≥ 1.3×). With a
+one-thread synchronous run beside a wider one (``--sync-threads 2,1``), the most overlap alone
+could give: the wider loop's rollout + update over the longer of the one-thread phases.
 ``--rounds`` repeats the pair, alternating which mode goes first (a shared machine's load moves).
 
     python bench/bench_async.py [--steps 8] [--sft-steps 300] [--max-staleness 1] \
@@ -128,6 +130,14 @@ def main() -> int:
             60 * s["steady_steps"] / s["steady_s"] for s in syncs)
         print(f"async / sync ({t} thread{'s' * (t > 1)}): {whole:.2f}x steps/min over the whole run, "
               f"{steady:.2f}x over the steady steps (goal >= 1.3x)")
+    ones = [r for r in rows if r["mode"] == "sync" and r["threads"] == 1]
+    for t in (t for t in sync_threads if t > 1 and ones):
+        syncs = [r for r in rows if r["mode"] == "sync" and r["threads"] == t]
+        phases = statistics.median(s["rollout_s"] + s["update_s"] for s in syncs)
+        longer = statistics.median(max(o["rollout_s"], o["update_s"]) for o in ones)
+        # what overlap alone can buy: a step as long as the longer one-thread phase, nothing lost
+        print(f"perfect overlap of the one-thread phases: (rollout + update at {t} threads) / max(rollout, update "
+              f"at 1 thread) = {phases:.1f} s / {longer:.1f} s = {phases / longer:.2f}x the {t}-thread loop")
     return 0
 
 

@@ -392,7 +392,7 @@ def compare_methods(
     missing arms. Returns the table.
 
     Args:
-        comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants) or the path of a YAML file.
+        comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants; async: Progress-SQL with synchronous against asynchronous rollouts) or the path of a YAML file.
         preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; cpu-smollm2, SmolLM2-135M-Instruct (pick two arms); none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
         arms: The arms to run, by name, the first the one the others are tested against (at least two of the comparison's); empty: all of them.
         seeds: How many seeds: 1..N; 0: the comparison's.

@@ -31,6 +31,7 @@ def test_the_async_section_is_off_by_default_and_keyed_async():
     ({"rl.async.timeout_s": 0}, "rl.async.timeout_s"),
     ({"rl.async.threads": 0}, "rl.async.threads"),
     ({"rl.async.stale": 1}, "rl.async.stale: unknown key"),
+    ({"rl.async.devices": [-1]}, "rl.async.devices"),
     ({"rl.async.enabled": True, "generation.temperature": 0.6}, "temperature 1.0"),
     ({"rl.async.enabled": True, "generation.top_p": 0.95}, "top_p 1.0"),
 ])
@@ -272,6 +273,32 @@ def test_async_rl_trains_each_step_once_on_whole_groups_within_the_staleness_bou
         assert [rows[g * G]["example_id"] for g in range(per_step)] == [
             f"q{i}" for i in drawn[(step - 1) * per_step:step * per_step]]
     assert not _producers()  # closed with the run
+
+
+def test_producer_devices_are_a_gpu_per_rank_among_those_the_trainer_sees():
+    from progress_sql.train.rollout_producer import producer_devices
+
+    assert producer_devices([], 0, 1, 8, None) is None  # the trainer's device
+    assert producer_devices([1], 0, 1, 2, None) == "1"
+    assert [producer_devices([4, 5, 6, 7], r, 4, 8, None) for r in range(4)] == ["4", "5", "6", "7"]
+    assert producer_devices([1, 0], 0, 2, 2, "6, 3") == "3"  # indices into the trainer's own CUDA_VISIBLE_DEVICES
+    with pytest.raises(ValueError, match=r"shows none to the trainer"):
+        producer_devices([0], 0, 1, 0, None)
+    with pytest.raises(ValueError, match=r"names 1 GPU\(s\) for 2 training processes"):
+        producer_devices([3], 1, 2, 4, None)
+    with pytest.raises(ValueError, match=r"GPU 2 of rank 0 is not among the 2"):
+        producer_devices([2], 0, 1, 2, None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the check of a machine without GPUs")
+def test_producer_gpus_on_a_machine_without_them_stop_the_run_before_it_trains(warmish, tmp_path):
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = warmish
+    with pytest.raises(ValueError, match=r"rl.async.devices \[0\] names GPUs"):
+        run_rl(_async_settings(policy, devices=[0]), corpus, out_dir=tmp_path, progress=False)
+    metrics = tmp_path / "metrics.jsonl"
+    assert not _producers() and not (metrics.exists() and metrics.read_text().strip())  # no step trained
 
 
 def test_a_killed_producer_ends_the_run_with_its_error(warmish, tmp_path):

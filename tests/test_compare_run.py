@@ -267,3 +267,14 @@ def test_the_scale_wins_for_paths_and_sizes_and_the_method_keeps_its_protocol():
     sft = {j.arm: j.sft for j in plan.jobs}
     assert sft["progress-sql"] == sft["oneshot"] and len(set(sft.values())) == 4
     assert prog.rl.init_from == str(plan.shared_dir / sft["progress-sql"])
+
+
+def test_the_async_comparison_differs_in_rl_async_alone_and_shares_the_sft():
+    plan = make_plan("async", REPO / "params.yaml", "cpu-demo")
+    assert [j.label for j in plan.jobs] == ["sync/seed-1", "sync/seed-2", "async/seed-1", "async/seed-2"]
+    jobs = {j.label: j for j in plan.jobs}
+    sync, run = jobs["sync/seed-1"].settings, jobs["async/seed-1"].settings
+    assert (sync.rl.async_.enabled, run.rl.async_.enabled, run.rl.async_.max_staleness) == (False, True, 1)
+    assert run.model_copy(update={"rl": run.rl.model_copy(update={"async_": sync.rl.async_,
+                                                                   "out_dir": sync.rl.out_dir})}).rl == sync.rl
+    assert jobs["sync/seed-1"].sft == jobs["async/seed-1"].sft  # one SFT: the arms differ after it

@@ -12,7 +12,7 @@ from progress_sql.cli.common import PRESET_HELP, SET_HELP, global_preset, parse_
 
 def compare_run(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="A comparison of configs/comparisons/ (methods, ablations) or a YAML file"),
+    name: str = typer.Argument(..., help="A comparison of configs/comparisons/ (methods, ablations, async) or a YAML file"),
     preset: str = typer.Option(None, "--preset", metavar="SCALE",
                                help=PRESET_HELP + "; here the scale every arm runs at (default: the global --preset)"),
     params: str = typer.Option("params.yaml", "--params", help="Settings file"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -301,6 +301,12 @@ class RLAsyncSettings(_Section):
     timeout_s: float = Field(600.0, gt=0.0)
     # torch threads of the producer process (its sampler's matrix products); the trainer keeps its own
     threads: int = Field(1, ge=1, le=256)
+    # GPUs of the producers, one per training process (indices among the GPUs the trainer sees):
+    # rank r's producer samples on devices[r] alone (its vLLM engine takes
+    # generation.vllm.gpu_memory_utilization of that GPU), leaving the trainer's GPUs to the update,
+    # as verl's and TRL's asynchronous trainers place their rollout servers. Empty: the producer
+    # shares the trainer's device (a CPU: its own threads).
+    devices: list[Annotated[int, Field(ge=0)]] = []
 
 
 class RLSettings(_Section):

@@ -23,6 +23,10 @@ the board, and the queue holds at most ``max(max_staleness, 1)`` batches: the st
 exceeds ``max_staleness``. ``RolloutProducer.next_batch`` checks it and that every step comes
 once, in order.
 
+Placement: the producer samples on the trainer's device (a CPU: ``rl.async.threads`` threads of
+its own), or with ``rl.async.devices`` on a GPU of its own per rank (``CUDA_VISIBLE_DEVICES`` of
+its process), where its vLLM engine need not share memory with the update.
+
 Failure: an exception in the producer is sent back with its traceback and raised by
 ``next_batch`` as ``ProducerFailed``; a producer that exits (killed, out of memory) fails it
 within a second, one that sends nothing for ``rl.async.timeout_s`` fails it as hung. ``close``
@@ -34,6 +38,7 @@ starts a new producer at the checkpoint's data position, with the checkpoint's w
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import sys
@@ -144,6 +149,8 @@ class RolloutProducer:
         a = spec.settings.rl.async_
         self.max_staleness, self.timeout_s = a.max_staleness, a.timeout_s
         self.next_step = spec.first_step
+        devices = producer_devices(a.devices, spec.rank, spec.world, torch.cuda.device_count(),
+                                   os.environ.get("CUDA_VISIBLE_DEVICES"))
         ctx = mp.get_context("spawn")
         self.board = WeightBoard(weights, ctx)
         self.board.publish(weights, version)
@@ -154,7 +161,7 @@ class RolloutProducer:
         # not a daemon: a vLLM engine starts processes of its own, which a daemon may not;
         # close() ends it however the run ends
         self.process = ctx.Process(target=_produce, name=PROCESS_NAME, daemon=False,
-                                   args=(spec, self.board, self.queue, self.stop))
+                                   args=(spec, self.board, self.queue, self.stop, devices))
         self.process.start()
 
     @property
@@ -225,6 +232,25 @@ class RolloutProducer:
         self.queue.close()
 
 
+def producer_devices(devices: list[int], rank: int, world: int, cuda_count: int, visible: str | None
+                     ) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for rank ``rank``'s producer (``rl.async.devices``, indices among
+    the ``cuda_count`` GPUs the trainer sees through its own ``visible``), or None: the trainer's."""
+    if not devices:
+        return None
+    if cuda_count == 0:
+        raise ValueError(f"rl.async.devices {devices} names GPUs, and this machine shows none to the trainer: "
+                         "leave it empty ([]) to sample beside the trainer")
+    if len(devices) < world:
+        raise ValueError(f"rl.async.devices {devices} names {len(devices)} GPU(s) for {world} training processes: "
+                         "one per process")
+    if devices[rank] >= cuda_count:
+        raise ValueError(f"rl.async.devices: GPU {devices[rank]} of rank {rank} is not among the {cuda_count} "
+                         "the trainer sees (indices from 0)")
+    names = visible.split(",") if visible else [str(i) for i in range(cuda_count)]
+    return names[devices[rank]].strip()
+
+
 def _exit_text(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
@@ -237,10 +263,12 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signal.SIGTERM)  # the finally clauses close the backend
 
 
-def _produce(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any) -> None:
-    """The producer process: sample ``spec``'s steps into ``out`` until the last step or ``stop``;
-    an exception goes to ``out`` with its traceback."""
+def _produce(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any, devices: str | None) -> None:
+    """The producer process: sample ``spec``'s steps into ``out`` until the last step or ``stop``
+    (on the GPUs ``devices``, when given); an exception goes to ``out`` with its traceback."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if devices is not None:  # before anything here touches CUDA (a vLLM engine's workers inherit it)
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:
         with contextlib.ExitStack() as resources:
             _produce_steps(spec, board, out, stop, resources)
