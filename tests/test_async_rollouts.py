@@ -278,15 +278,17 @@ def test_async_rl_trains_each_step_once_on_whole_groups_within_the_staleness_bou
 def test_producer_devices_are_a_gpu_per_rank_among_those_the_trainer_sees():
     from progress_sql.train.rollout_producer import producer_devices
 
-    assert producer_devices([], 0, 1, 8, None) is None  # the trainer's device
+    assert producer_devices([], 0, 1, 0, None) is None  # a CPU: the trainer's
+    assert producer_devices([], 2, 4, 4, "4,5,6,7", trainer_gpu=2) == "6"  # beside its rank's trainer
     assert producer_devices([1], 0, 1, 2, None) == "1"
     assert [producer_devices([4, 5, 6, 7], r, 4, 8, None) for r in range(4)] == ["4", "5", "6", "7"]
-    assert producer_devices([1, 0], 0, 2, 2, "6, 3") == "3"  # indices into the trainer's own CUDA_VISIBLE_DEVICES
+    # the machine's numbering: the launcher's CUDA_VISIBLE_DEVICES shows the trainers GPUs 0-3 only
+    assert producer_devices([4, 5, 6, 7], 2, 4, 4, "0,1,2,3") == "6"
     with pytest.raises(ValueError, match=r"shows none to the trainer"):
         producer_devices([0], 0, 1, 0, None)
     with pytest.raises(ValueError, match=r"names 1 GPU\(s\) for 2 training processes"):
         producer_devices([3], 1, 2, 4, None)
-    with pytest.raises(ValueError, match=r"GPU 2 of rank 0 is not among the 2"):
+    with pytest.raises(ValueError, match=r"GPU 2 of rank 0 is not among this machine's 2"):
         producer_devices([2], 0, 1, 2, None)
 
 
@@ -340,3 +342,80 @@ def test_an_async_run_resumes_from_a_checkpoint_at_its_data_position(warmish, tm
     assert first.metrics[1]["async/staleness_max"] == 1.0 and second.metrics[1]["async/staleness_max"] == 0.0
     assert [r["example_id"] for r in _rows(second.out_dir, 2)] == [r["example_id"] for r in _rows(first.out_dir, 2)]
     assert not _producers()
+
+
+_RANK_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from corpora import school_settings
+from progress_sql.train import trainer
+
+seen = []  # the questions of each batch this rank trains, in order
+produced = trainer.async_step
+
+
+def spy(run, producer, state):
+    batch, metrics = produced(run, producer, state)
+    seen.append(list(dict.fromkeys(ep.example.id for ep in batch.episodes)))
+    return batch, metrics
+
+
+if __name__ == "__main__":
+    trainer.async_step = spy
+    s = school_settings({policy!r})
+    s.rl.deepspeed, s.rl.steps, s.rl.checkpoint_every, s.rl.save_rollouts = "always", 3, 3, True
+    s.rl.async_ = s.rl.async_.model_copy(update={{"enabled": True}})
+    result = trainer.run_rl(s, Path({corpus!r}), out_dir=Path({out!r}), progress=False)
+    print("SEEN " + json.dumps(seen))
+    if result.metrics:  # rank 0's
+        print("METRICS " + json.dumps([{{k: m[k] for k in ("step", "async/staleness_max")}} for m in result.metrics]))
+"""
+
+
+def test_two_deepspeed_ranks_each_train_their_producers_batches(warmish, tmp_path):
+    """Two processes under DeepSpeed (CPU, gloo), as the launcher starts them: each rank's
+    producer samples its own slice of the step's questions, the ranks step together (the
+    gradient all-reduce would hang otherwise) within the staleness bound, and rank 0's batches
+    are its slice of the question stream."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from progress_sql.train.distributed import free_port
+    from progress_sql.train.questions import question_indices
+
+    corpus, policy = warmish
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT.format(tests=str(Path(__file__).parent), policy=str(policy), corpus=str(corpus),
+                                          out=str(tmp_path / "rl")))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()  # a no-op for a process that has ended
+    assert [p.returncode for p in ranks] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    def line(text, tag):
+        return json.loads(next(x for x in text.splitlines() if x.startswith(tag + " "))[len(tag) + 1:])
+
+    metrics = line(outputs[0], "METRICS")
+    assert [(m["step"], m["async/staleness_max"]) for m in metrics] == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    s = _async_settings(policy)
+    per_rank, G = s.rl.questions_per_step, s.rl.group_size  # noqa: N806
+    drawn = question_indices(4, 0, 3 * 2 * per_rank, s.rl.seed)  # both ranks' questions, step by step
+    for r, text in enumerate(outputs):  # rank r trains the r-th slice of each step's questions
+        assert line(text, "SEEN") == [[f"q{i}" for i in drawn[(k * 2 + r) * per_rank:(k * 2 + r + 1) * per_rank]]
+                                      for k in range(3)]
+    for step in (1, 2, 3):
+        text = (tmp_path / "rl" / "rollouts" / f"step-{step}.rank-0.jsonl").read_text()
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert len(rows) == G * per_rank  # rank 0's own episodes
+        first = (step - 1) * 2 * per_rank
+        assert [rows[g * G]["example_id"] for g in range(per_rank)] == [f"q{i}" for i in drawn[first:first + per_rank]]
+    assert (tmp_path / "rl" / "final" / "config.json").exists()

@@ -301,11 +301,11 @@ class RLAsyncSettings(_Section):
     timeout_s: float = Field(600.0, gt=0.0)
     # torch threads of the producer process (its sampler's matrix products); the trainer keeps its own
     threads: int = Field(1, ge=1, le=256)
-    # GPUs of the producers, one per training process (indices among the GPUs the trainer sees):
-    # rank r's producer samples on devices[r] alone (its vLLM engine takes
-    # generation.vllm.gpu_memory_utilization of that GPU), leaving the trainer's GPUs to the update,
-    # as verl's and TRL's asynchronous trainers place their rollout servers. Empty: the producer
-    # shares the trainer's device (a CPU: its own threads).
+    # GPUs of the producers, one per training process, numbered as the machine (nvidia-smi) numbers
+    # them, whatever CUDA_VISIBLE_DEVICES a launcher gives the trainers: rank r's producer samples
+    # on devices[r] alone (its vLLM engine takes generation.vllm.gpu_memory_utilization of that
+    # GPU), leaving the trainer's GPUs to the update, as verl's and TRL's asynchronous trainers place
+    # their rollout servers. Empty: each producer shares its rank's device (a CPU: its own threads).
     devices: list[Annotated[int, Field(ge=0)]] = []
 
 

@@ -23,9 +23,9 @@ the board, and the queue holds at most ``max(max_staleness, 1)`` batches: the st
 exceeds ``max_staleness``. ``RolloutProducer.next_batch`` checks it and that every step comes
 once, in order.
 
-Placement: the producer samples on the trainer's device (a CPU: ``rl.async.threads`` threads of
-its own), or with ``rl.async.devices`` on a GPU of its own per rank (``CUDA_VISIBLE_DEVICES`` of
-its process), where its vLLM engine need not share memory with the update.
+Placement (``CUDA_VISIBLE_DEVICES`` of its process): the producer samples on its rank's trainer's
+device (a CPU: ``rl.async.threads`` threads of its own), or with ``rl.async.devices`` on a GPU of
+its own per rank, where its vLLM engine need not share memory with the update.
 
 Failure: an exception in the producer is sent back with its traceback and raised by
 ``next_batch`` as ``ProducerFailed``; a producer that exits (killed, out of memory) fails it
@@ -145,12 +145,16 @@ def policy_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 class RolloutProducer:
     """The trainer's side: starts the producer process, publishes weights, takes batches."""
 
-    def __init__(self, spec: ProducerSpec, weights: dict[str, torch.Tensor], version: int) -> None:
+    def __init__(self, spec: ProducerSpec, weights: dict[str, torch.Tensor], version: int,
+                 trainer_device: torch.device | None = None) -> None:
         a = spec.settings.rl.async_
         self.max_staleness, self.timeout_s = a.max_staleness, a.timeout_s
         self.next_step = spec.first_step
+        trainer_gpu = None
+        if trainer_device is not None and trainer_device.type == "cuda":
+            trainer_gpu = trainer_device.index if trainer_device.index is not None else torch.cuda.current_device()
         devices = producer_devices(a.devices, spec.rank, spec.world, torch.cuda.device_count(),
-                                   os.environ.get("CUDA_VISIBLE_DEVICES"))
+                                   os.environ.get("CUDA_VISIBLE_DEVICES"), trainer_gpu)
         ctx = mp.get_context("spawn")
         self.board = WeightBoard(weights, ctx)
         self.board.publish(weights, version)
@@ -232,23 +236,27 @@ class RolloutProducer:
         self.queue.close()
 
 
-def producer_devices(devices: list[int], rank: int, world: int, cuda_count: int, visible: str | None
-                     ) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for rank ``rank``'s producer (``rl.async.devices``, indices among
-    the ``cuda_count`` GPUs the trainer sees through its own ``visible``), or None: the trainer's."""
+def producer_devices(devices: list[int], rank: int, world: int, cuda_count: int, visible: str | None,
+                     trainer_gpu: int | None = None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for rank ``rank``'s producer: its GPU of ``rl.async.devices`` (the
+    machine's numbering, nvidia-smi's: a launcher's ``CUDA_VISIBLE_DEVICES`` hides the
+    producers' GPUs from the trainer), else the trainer's own GPU (``trainer_gpu``, an index
+    among the ``cuda_count`` it sees through ``visible``: each rank's producer beside its own
+    trainer, not all on the first GPU), else None (a CPU)."""
     if not devices:
-        return None
+        if trainer_gpu is None:
+            return None
+        return (visible.split(",") if visible else [str(i) for i in range(cuda_count)])[trainer_gpu].strip()
     if cuda_count == 0:
         raise ValueError(f"rl.async.devices {devices} names GPUs, and this machine shows none to the trainer: "
                          "leave it empty ([]) to sample beside the trainer")
     if len(devices) < world:
         raise ValueError(f"rl.async.devices {devices} names {len(devices)} GPU(s) for {world} training processes: "
                          "one per process")
-    if devices[rank] >= cuda_count:
-        raise ValueError(f"rl.async.devices: GPU {devices[rank]} of rank {rank} is not among the {cuda_count} "
-                         "the trainer sees (indices from 0)")
-    names = visible.split(",") if visible else [str(i) for i in range(cuda_count)]
-    return names[devices[rank]].strip()
+    if not visible and devices[rank] >= cuda_count:
+        raise ValueError(f"rl.async.devices: GPU {devices[rank]} of rank {rank} is not among this machine's "
+                         f"{cuda_count} (numbered from 0)")
+    return str(devices[rank])
 
 
 def _exit_text(code: int | None) -> str:
@@ -301,6 +309,9 @@ def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack)
     from progress_sql.train.rl_run import disable_dropout  # noqa: PLC0415
 
     rl, gen = settings.rl, settings.generation
+    if rl.async_.devices and not torch.cuda.is_available():  # the GPU rl.async.devices gave this process
+        raise ValueError(f"rl.async.devices: GPU {os.environ.get('CUDA_VISIBLE_DEVICES')} is not on this machine "
+                         "(nvidia-smi numbers its GPUs from 0)")
     view, tokenizer = load_policy(rl.init_from, dtype="float32", device="cpu")
     params = dict(view.named_parameters())
     if set(params) != set(board.tensors):

@@ -339,7 +339,7 @@ def start_producer(run: RLRun, state: RLState, train: list[Example], resources: 
         weights = policy_weights(run.engine.module)
     spec = ProducerSpec(run.settings, str(run.layout.root), train, state.step + 1, state.data_position, rank(),
                         world_size())
-    producer = RolloutProducer(spec, weights, version=state.step)
+    producer = RolloutProducer(spec, weights, version=state.step, trainer_device=run.engine.device)
     resources.callback(producer.close)
     return producer
 
