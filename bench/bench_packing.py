@@ -72,7 +72,8 @@ def update_seconds(model, trajs: list[TokenizedTrajectory], *, packed: bool, sha
     started = time.perf_counter()
     chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens, packed=packed,
                            groups=[t.group_id for t in trajs] if shared else None)
-    batches = [token_batch([trajs[i] for i in c], packed=packed, pad_id=pad_id, device="cpu", share_prefix=shared)
+    batches = [token_batch([trajs[i] for i in c], packed=packed, pad_id=pad_id, device="cpu", share_prefix=shared,
+                           min_shared=rl.shared_prefix_min_tokens, query_block=rl.attention_query_block)
                for c in chunks]
     adv = torch.linspace(-1.0, 1.0, len(trajs))
     tokens = float(sum(sum(t.loss_mask) for t in trajs))

@@ -63,12 +63,11 @@ def _reference(model, trajs, temperature=1.0) -> torch.Tensor:
 
 @pytest.mark.parametrize("packed,shared", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("chunk_mb", [0.0, 0.004])  # 0.004 MiB: two tokens' fp32 logits a chunk
-@pytest.mark.parametrize("query_block", [attention.QUERY_BLOCK, 3])  # 3: continuations in many blocks of queries
-def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk_mb, query_block, monkeypatch):
-    monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
+@pytest.mark.parametrize("query_block", [RLSettings().attention_query_block, 3, 0])  # 3: many blocks; 0: one
+def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk_mb, query_block):
     model = _model()
     trajs = _trajectories()
-    batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared)
+    batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared, query_block=query_block)
     if shared:  # each of the two groups runs its 20-token prompt once; the trajectory of 9 tokens is alone
         assert batch.model_tokens == batch.real_tokens - 2 * 20
         assert sum(1 for _, _, ps, pe in batch.segments if pe > ps) == 4  # two continuations a group
@@ -78,19 +77,18 @@ def test_scored_logprobs_equal_the_full_logits_computation(packed, shared, chunk
     assert chunk_tokens(VOCAB, chunk_mb) == (2 if chunk_mb else 2**62)
 
 
-@pytest.mark.parametrize("query_block", [attention.QUERY_BLOCK, 3])
-def test_packed_and_chunked_gradients_equal_the_padded_full_ones(query_block, monkeypatch):
+@pytest.mark.parametrize("query_block", [RLSettings().attention_query_block, 3, 0])
+def test_packed_and_chunked_gradients_equal_the_padded_full_ones(query_block):
     """The loss and every parameter's gradient of one micro-batch: packed with chunked
     log-probabilities (the head recomputed in the backward pass) against padded with the whole
     projection at once."""
-    monkeypatch.setattr(attention, "QUERY_BLOCK", query_block)
     trajs = _trajectories()
     rl = RLSettings()
     adv = torch.tensor([0.5, -1.0, 2.0, -0.3, 0.8], dtype=torch.float64)
     grads, losses = [], []
     for packed, shared, chunk_mb in ((False, False, 0.0), (True, False, 0.004), (True, True, 0.004)):
         model = _model()
-        batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared)
+        batch = token_batch(trajs, packed=packed, pad_id=0, device="cpu", share_prefix=shared, query_block=query_block)
         rl.logits_chunk_mb = chunk_mb
         old = batch.sampler_logp.to(torch.float64)  # off-policy by the sampler's numbers: ratios ≠ 1
         loss, _ = micro_batch_loss(model, batch, adv, old, None, rl, temperature=1.0, num_sequences=5,
@@ -218,6 +216,14 @@ def test_a_model_without_a_separate_head_is_scored_from_its_logits():
     assert lp.detach().tolist() == pytest.approx(expected, abs=1e-6)
     hot = token_logprobs(_Bigram(table), batch, temperature=2.0)
     assert hot[0].item() == pytest.approx(float(torch.log_softmax(table[0] / 2, -1)[2]), abs=1e-6)
+
+
+def test_a_prefix_shorter_than_shared_prefix_min_tokens_runs_in_each_trajectory():
+    trajs = _trajectories()  # two groups sharing 20-token prompts
+    at = {n: token_batch(trajs, packed=True, pad_id=0, device="cpu", share_prefix=True, min_shared=n) for n in (20, 21)}
+    assert at[20].model_tokens == at[20].real_tokens - 2 * 20
+    assert at[21].model_tokens == at[21].real_tokens and all(pe <= ps for _, _, ps, pe in at[21].segments)
+    assert RLSettings().shared_prefix_min_tokens == 16 and at[21].query_block == RLSettings().attention_query_block
 
 
 def test_micro_batches_by_sequences_real_tokens_or_padded_tokens():

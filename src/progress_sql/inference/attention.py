@@ -29,11 +29,6 @@ import torch
 ATTENTION = "progress_sql"
 
 _varlen_state = threading.local()
-# Queries per attention call of a segment that continues a shared prefix: small enough that the
-# blocks' rectangles stay close to the causal triangle, large enough that each call still fills
-# the kernel (192 was the fastest of 64-384 on CPU for 550-1,000-token continuations of
-# 220-280-token prompts). A kernel detail, not a setting: the result is the same for any value.
-QUERY_BLOCK = 192
 
 
 def _varlen_kernel(query: torch.Tensor) -> Any:
@@ -50,12 +45,12 @@ def _varlen_kernel(query: torch.Tensor) -> Any:
 
 
 def _segment(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             prefix: tuple[torch.Tensor, torch.Tensor] | None, scaling: float | None) -> torch.Tensor:
+             prefix: tuple[torch.Tensor, torch.Tensor] | None, scaling: float | None, block: int) -> torch.Tensor:
     """Causal attention of one packed segment's queries, keys and values, over the keys and values
     of the shared prefix it continues (if any) and its own: query j sees the whole prefix and the
     segment's positions up to j.
 
-    With a prefix, in blocks of ``QUERY_BLOCK`` queries, each over the keys it may see (the
+    With a prefix, in blocks of ``block`` queries (0: all), each over the keys it may see (the
     prefix and the segment up to the block's end) with its mask: one call over the whole segment
     would compute the full [segment, prefix + segment] rectangle, since a fused kernel cannot skip
     the masked-out blocks of an arbitrary mask (17-25 % more time forward and backward, CPU)."""
@@ -69,17 +64,17 @@ def _segment(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
         gqa = False
     parts, done = [], 0
-    for block in query.split(QUERY_BLOCK, dim=2):
-        end = done + block.shape[2]
-        mask = torch.ones(block.shape[2], n + end, dtype=torch.bool, device=query.device).tril(diagonal=n + done)
+    for queries in query.split(block or query.shape[2], dim=2):
+        end = done + queries.shape[2]
+        mask = torch.ones(queries.shape[2], n + end, dtype=torch.bool, device=query.device).tril(diagonal=n + done)
         parts.append(torch.nn.functional.scaled_dot_product_attention(
-            block, key[:, :, :n + end], value[:, :, :n + end], attn_mask=mask, scale=scaling, enable_gqa=gqa))
+            queries, key[:, :, :n + end], value[:, :, :n + end], attn_mask=mask, scale=scaling, enable_gqa=gqa))
         done = end
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
 
 def _packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: tuple[tuple[int, int, int, int], ...],
-            scaling: float | None) -> torch.Tensor:
+            scaling: float | None, block: int) -> torch.Tensor:
     if query.shape[0] != 1:
         raise ValueError("a packed forward has one row")
     kernel = _varlen_kernel(query) if all(pe <= ps for _, _, ps, pe in segments) else None
@@ -98,22 +93,23 @@ def _packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segment
     sizes = [b - a for a, b, _, _ in segments]
     qs, ks, vs = (t.split(sizes, dim=2) for t in (query, key, value))
     first = {a: i for i, (a, _, _, _) in enumerate(segments)}
-    parts = [_segment(qs[i], ks[i], vs[i], (ks[first[ps]], vs[first[ps]]) if pe > ps else None, scaling)
+    parts = [_segment(qs[i], ks[i], vs[i], (ks[first[ps]], vs[first[ps]]) if pe > ps else None, scaling, block)
              for i, (_, _, ps, pe) in enumerate(segments)]
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                      packed_segments: tuple[tuple[int, int, int, int], ...] | None = None,
+                      packed_segments: tuple[tuple[int, int, int, int], ...] | None = None, query_block: int = 0,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``ATTENTION`` (see the module): shapes as transformers passes them, ``query``
     ``[batch, heads, tokens, dim]``, ``key``/``value`` with the KV heads; returns
-    ``[batch, tokens, heads, dim]``."""
+    ``[batch, tokens, heads, dim]``. ``query_block``: packed, queries per call of a continuation
+    of a shared prefix (``rl.attention_query_block``; 0: one call)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415
 
     if packed_segments is not None:
-        return _packed(query, key, value, packed_segments, scaling), None
+        return _packed(query, key, value, packed_segments, scaling, query_block), None
     if query.device.type == "cpu" and attention_mask is not None and key.shape[1] != query.shape[1]:
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask.dim() == 4 else attention_mask
         out = torch.nn.functional.scaled_dot_product_attention(

@@ -347,6 +347,14 @@ class RLSettings(_Section):
     # packed: a group's trajectories in one micro-batch run their common prefix (the question's
     # prompt) once, each continuation attending to it (false: every trajectory in full)
     shared_prefix: bool = True
+    # shared_prefix: a common prefix shorter than this runs in each trajectory (a segment of its own
+    # costs each continuation a longer attention call, more than so few tokens save)
+    shared_prefix_min_tokens: int = Field(16, ge=1)
+    # shared_prefix: queries per attention call of a continuation (inference.attention). One masked
+    # call computes the whole [continuation, prompt + continuation] rectangle; blocks keep the work
+    # near the causal triangle. The values are the same for any size (192: the fastest of 64-384 on
+    # CPU for 550-1,000-token continuations of 220-280-token prompts); 0: one call a continuation
+    attention_query_block: int = Field(192, ge=0)
     # fp32 logits held at once when scoring the sampled tokens (train.logprobs): a real vocabulary
     # (Qwen2.5: 151,936) is 0.6 MB a token, so a whole micro-batch's would dwarf the model; 0: all at once
     logits_chunk_mb: float = Field(256.0, ge=0.0)

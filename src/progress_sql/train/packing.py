@@ -24,10 +24,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from progress_sql.inference import attention
+from progress_sql.params import RLSettings
 from progress_sql.train.trajectories import TokenizedTrajectory
 
 Segment = tuple[int, int, int, int]  # (start, end) in the row, and its shared prefix's (start, end) or (0, 0)
-MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a segment of its own
+_DEFAULTS = RLSettings()  # rl.shared_prefix_min_tokens, rl.attention_query_block where a caller gives none
 
 
 @dataclass
@@ -49,6 +50,7 @@ class TokenBatch:
     seq: torch.Tensor
     sampler_logp: torch.Tensor
     lengths: tuple[int, ...]
+    query_block: int = 0  # packed: queries per attention call of a continuation (rl.attention_query_block)
 
     @property
     def packed(self) -> bool:
@@ -76,7 +78,8 @@ class TokenBatch:
         and SDPA takes its fused causal kernel."""
         inputs: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
         if self.segments is not None:
-            inputs.update(attention_mask=torch.ones_like(self.input_ids), packed_segments=self.segments)
+            inputs.update(attention_mask=torch.ones_like(self.input_ids), packed_segments=self.segments,
+                          query_block=self.query_block)
         return inputs
 
 
@@ -95,7 +98,7 @@ def common_prefix(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _packed_layout(trajs: Sequence[TokenizedTrajectory], share_prefix: bool
+def _packed_layout(trajs: Sequence[TokenizedTrajectory], share_prefix: bool, min_shared: int
                    ) -> tuple[list[int], list[int], list[Segment], list[Callable[[int], int]]]:
     """The packed row: token ids, positions, segments, and per trajectory the row index of its
     token ``k`` (a shared prefix's tokens sit once, before the group's continuations)."""
@@ -108,7 +111,7 @@ def _packed_layout(trajs: Sequence[TokenizedTrajectory], share_prefix: bool
         groups.setdefault(t.group_id if share_prefix else -1 - r, []).append(r)
     for members in groups.values():
         shared = common_prefix([trajs[r].input_ids for r in members]) if len(members) > 1 else 0
-        shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        shared = shared if shared >= min_shared else 0
         ps = len(ids)
         if shared:
             ids += trajs[members[0]].input_ids[:shared]
@@ -125,14 +128,17 @@ def _packed_layout(trajs: Sequence[TokenizedTrajectory], share_prefix: bool
 
 
 def token_batch(trajs: Sequence[TokenizedTrajectory], *, packed: bool, pad_id: int,
-                device: torch.device | str, share_prefix: bool = False) -> TokenBatch:
+                device: torch.device | str, share_prefix: bool = False,
+                min_shared: int = _DEFAULTS.shared_prefix_min_tokens,
+                query_block: int = _DEFAULTS.attention_query_block) -> TokenBatch:
     """The micro-batch of ``trajs``, packed into one row or right-padded (see the module). With
     ``share_prefix`` (packed only) the trajectories of one group (``group_id``) run their common
-    prefix, the question's prompt, once: each continuation attends to it and to itself."""
+    prefix, the question's prompt, once when it has ``min_shared`` tokens or more: each
+    continuation attends to it and to itself, ``query_block`` queries a call."""
     lengths = tuple(len(t.input_ids) for t in trajs)
     positions, targets, seq, sampler = [], [], [], []
     if packed:
-        ids, pos, segments, index = _packed_layout(trajs, share_prefix)
+        ids, pos, segments, index = _packed_layout(trajs, share_prefix, min_shared)
         input_ids, position_ids = torch.tensor([ids]), torch.tensor([pos])
     else:
         width = max(lengths)
@@ -155,6 +161,7 @@ def token_batch(trajs: Sequence[TokenizedTrajectory], *, packed: bool, pad_id: i
         seq=torch.tensor(seq, dtype=torch.long, device=device),
         sampler_logp=torch.tensor(sampler, dtype=torch.float32, device=device),
         lengths=lengths,
+        query_block=query_block,
     )
 
 

@@ -77,7 +77,7 @@ def resumed_state(engine: Engine, out: Path, resume: bool | str | Path, fingerpr
 FINGERPRINT_SECTIONS = ("seed", "rl", "generation", "env", "rewards", "odt", "sandbox")
 _NOT_FINGERPRINTED = {"rl.out_dir", "rl.init_from", "rl.steps", "rl.max_minutes", "rl.checkpoint_every",
                       "rl.keep_checkpoints", "rl.save_rollouts", "rl.log_episodes", "rl.async.timeout_s",
-                      "rl.async.threads"}
+                      "rl.async.threads", "rl.async.devices"}
 
 
 def run_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:

@@ -232,7 +232,8 @@ def update_batches(run: RLRun, batch: StepBatch, share: bool) -> tuple[list[Toke
     chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
                            packed=rl.packing, groups=[t.group_id for t in trajs] if share else None)
     tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
-                          device=device, share_prefix=share) for c in chunks]
+                          device=device, share_prefix=share, min_shared=rl.shared_prefix_min_tokens,
+                          query_block=rl.attention_query_block) for c in chunks]
     return tokens, [batch.advantages[c].to(device) for c in chunks]
 
 
