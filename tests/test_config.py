@@ -252,6 +252,42 @@ def test_a_bad_file_value_is_still_blamed_on_the_file_beside_a_good_override(tmp
         "invalid --set override:", "  env.max_turns: Input should be greater than or equal to 1 (got 0)"]
 
 
+def test_a_rule_between_settings_names_where_each_value_came_from(tmp_path: Path):
+    # issue 49: both values came from --set, yet the error blamed "params.yaml with preset cpu-demo"
+    with pytest.raises(SettingsError) as err:
+        load_settings(PARAMS, overrides={"rl.async.enabled": True, "generation.temperature": 0.5}, preset="cpu-demo")
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("invalid settings: rl.async needs generation.temperature 1.0")
+    assert lines[1:] == ["  rl.async.enabled: true, from --set", "  generation.temperature: 0.5, from --set",
+                         f"  generation.top_p: 1.0, from {PARAMS}"]
+    # one value each from the file, the preset and --set; one left at its default
+    path, preset = tmp_path / "params.yaml", tmp_path / "mine.yaml"
+    path.write_text("data:\n  n_test_databases: 2\n", encoding="utf-8")
+    preset.write_text("data:\n  n_dev_databases: 1\n", encoding="utf-8")
+    with pytest.raises(SettingsError) as err:
+        load_settings(path, overrides={"data.n_databases": 3}, preset=str(preset))
+    assert str(err.value).splitlines()[1:] == [
+        "  data.n_databases: 3, from --set", f"  data.n_dev_databases: 1, from preset {preset} ({preset})",
+        f"  data.n_test_databases: 2, from {path}"]
+    with pytest.raises(SettingsError) as err:
+        settings_from_dict({}, "test", {"eval.greedy": False, "eval.vote_k": 0})
+    assert str(err.value).splitlines()[1:] == [
+        "  eval.greedy: false, from --set", "  eval.vote_k: 0, from --set",
+        "  eval.pass_k: 0, from the defaults", "  eval.multi_turn: false, from the defaults"]
+
+
+def test_a_rule_between_settings_from_the_cli_exits_2_naming_its_sources(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from progress_sql.cli import app
+
+    result = CliRunner().invoke(app, ["--preset", "cpu-demo", "data", "build", "--params", str(PARAMS),
+                                      "--set", "rl.async.enabled=true", "--set", "generation.temperature=0.5"])
+    assert result.exit_code == 2
+    assert "with preset" not in result.output
+    assert "  generation.temperature: 0.5, from --set" in result.output
+
+
 def test_overrides_leave_the_callers_tree_alone():
     raw = {"rl": {"lr": 0.001}}
     assert settings_from_dict(raw, "test", {"rl.steps": 3}).rl.steps == 3

@@ -13,6 +13,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 
+class Conflict(ValueError):
+    """A rule between settings broken: ``keys`` are the dotted keys whose values break it, so the
+    error can say where each value came from (params.yaml, a preset, ``--set``)."""
+
+    def __init__(self, message: str, *keys: str) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 def _number_type(annotation: Any) -> bool:
     """Whether a field of this annotation holds an int or a float (alone or in a union)."""
     if annotation in (int, float):

@@ -69,8 +69,8 @@ def load_or_exit(ctx: typer.Context, params: str, overrides: dict | None = None,
     preset = preset if preset is not None else global_preset(ctx)
     try:
         if params == "params.yaml" and not path.exists():
-            raw, source = with_preset({}, preset, "built-in defaults", presets_dir())
-            return settings_from_dict(raw, source, overrides)
+            raw, layers = with_preset({}, preset, "built-in defaults", presets_dir())
+            return settings_from_dict(raw, "built-in defaults", overrides, layers=layers)
         return load_settings(path, overrides, preset=preset)
     except SettingsError as err:
         typer.echo(f"error: {err}", err=True)

@@ -75,14 +75,16 @@ def merge_overlay(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, An
     return out
 
 
-def with_preset(raw: Any, preset: str | None, source: str, folder: str | Path | None = None) -> tuple[Any, str]:
-    """(params tree with the preset's overlay merged in, source text for error messages);
+def with_preset(raw: Any, preset: str | None, source: str,
+                folder: str | Path | None = None) -> tuple[Any, list[tuple[str, Any]]]:
+    """(params tree with the preset's overlay merged in, its layers lowest first: ``(source, raw)``
+    and ``("preset NAME (FILE)", overlay)``, which errors name as where a value came from);
     ``preset`` None, "" or ``NO_PRESET`` leaves the tree as it is."""
     if not preset or preset == NO_PRESET:
-        return raw, source
+        return raw, [(source, raw)]
     overlay, path = load_preset(preset, folder)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        return raw, source  # settings_from_dict reports the malformed params tree
-    return merge_overlay(raw, overlay), f"{source} with preset {preset} ({path})"
+        return raw, [(source, raw)]  # settings_from_dict reports the malformed params tree
+    return merge_overlay(raw, overlay), [(source, raw), (f"preset {preset} ({path})", overlay)]

@@ -20,6 +20,7 @@ from progress_sql.envs.settings import EnvSettings
 from progress_sql.inference.settings import BACKENDS, GenerationSettings
 from progress_sql.odt.settings import ODTSettings
 from progress_sql.rewards.registry import RewardSettings
+from progress_sql.sections import Conflict
 from progress_sql.sections import Section as _Section
 from progress_sql.sql.hardness import HARDNESS_LEVELS
 from progress_sql.sql.settings import SandboxSettings
@@ -159,13 +160,13 @@ class _DataSettings(_Section):
     @model_validator(mode="after")
     def _splits_fit(self) -> "DataSettings":
         if self.n_dev_databases + self.n_test_databases >= self.n_databases:
-            raise ValueError(
-                "data.n_databases must exceed data.n_dev_databases + data.n_test_databases"
-            )
+            raise Conflict("data.n_databases must exceed data.n_dev_databases + data.n_test_databases",
+                           "data.n_databases", "data.n_dev_databases", "data.n_test_databases")
         if self.empty_gold_share > self.max_empty_gold_share:
-            raise ValueError("data.empty_gold_share must not exceed data.max_empty_gold_share")
+            raise Conflict("data.empty_gold_share must not exceed data.max_empty_gold_share",
+                           "data.empty_gold_share", "data.max_empty_gold_share")
         if self.source == "import" and not any(getattr(self, s.setting) for s in sources.datasets()):
-            raise ValueError(f"data.source is import: set {sources.dataset_settings()} to a dataset folder")
+            raise Conflict(f"data.source is import: set {sources.dataset_settings()} to a dataset folder", "data.source")
         return self
 
 
@@ -393,9 +394,10 @@ class RLSettings(_Section):
     @model_validator(mode="after")
     def _clip_range(self) -> "RLSettings":
         if self.clip_eps_high < self.clip_eps:
-            raise ValueError("rl.clip_eps_high must be at least rl.clip_eps")
+            raise Conflict("rl.clip_eps_high must be at least rl.clip_eps", "rl.clip_eps_high", "rl.clip_eps")
         if self.spec.aggregation is None and self.loss_aggregation != "auto":
-            raise ValueError(f"rl.loss_aggregation: {self.algorithm} averages sequence ratios; leave it at auto")
+            raise Conflict(f"rl.loss_aggregation: {self.algorithm} averages sequence ratios; leave it at auto",
+                           "rl.loss_aggregation", "rl.algorithm")
         return self
 
     @model_validator(mode="after")
@@ -456,7 +458,8 @@ class EvalSettings(_Section):
         if len(set(self.splits)) != len(self.splits):
             raise ValueError("eval.splits lists a split twice")
         if not (self.greedy or self.vote_k or self.pass_k or self.multi_turn):
-            raise ValueError("eval: greedy, vote_k, pass_k and multi_turn are all off; nothing to evaluate")
+            raise Conflict("eval: greedy, vote_k, pass_k and multi_turn are all off; nothing to evaluate",
+                           "eval.greedy", "eval.vote_k", "eval.pass_k", "eval.multi_turn")
         return self
 
 
@@ -510,9 +513,10 @@ class Settings(_Section):
         # probability the token was drawn with.
         gen = self.generation
         if self.rl.async_.enabled and (gen.temperature != 1.0 or gen.top_p != 1.0):
-            raise ValueError("rl.async needs generation.temperature 1.0 and generation.top_p 1.0: the sampler reports "
-                             "the raw model's log-probabilities, the importance weight's denominator "
-                             f"(got temperature {gen.temperature}, top_p {gen.top_p})")
+            raise Conflict("rl.async needs generation.temperature 1.0 and generation.top_p 1.0: the sampler reports "
+                           "the raw model's log-probabilities, the importance weight's denominator "
+                           f"(got temperature {gen.temperature}, top_p {gen.top_p})",
+                           "rl.async.enabled", "generation.temperature", "generation.top_p")
         return self
 
 
