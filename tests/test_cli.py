@@ -108,3 +108,15 @@ def test_a_model_folder_that_does_not_exist_is_named_not_read_as_a_hub_id(tmp_pa
         assert f"error: --model {command[command.index('--model') + 1]}: no such folder" in result.output
         assert "Repo id" not in result.output
     assert not (tmp_path / "eval").exists()
+
+
+def test_an_empty_model_is_refused_as_empty(tmp_path):
+    # issue 49: `eval --model ''` said ". is not a model directory"
+    from progress_sql.cli import app
+
+    for command in (["eval", "--model", "", "--out", str(tmp_path / "eval")],
+                    ["ask", "How many?", "--model", " ", "--db", str(tmp_path / "x.sqlite")]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert "error: --model is empty" in result.output
+    assert not (tmp_path / "eval").exists()

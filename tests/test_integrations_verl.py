@@ -221,3 +221,20 @@ def test_the_export_command_reports_a_missing_corpus(tmp_path):
     result = CliRunner().invoke(app, ["data", "export-verl", "--corpus", str(tmp_path / "none"), "--out",
                                       str(tmp_path / "out")])
     assert result.exit_code == 1 and "error" in result.output
+
+
+def test_the_export_limit_is_a_count_or_zero_for_all(corpus, tmp_path):
+    # issue 49: --limit -1 wrote all rows but the last, --limit 0 an empty file, both exit 0
+    def export(limit: str) -> tuple[int, str, Path]:
+        out = tmp_path / f"limit{limit}"
+        result = CliRunner().invoke(app, ["data", "export-verl", "--corpus", str(corpus), "--out", str(out),
+                                          "--split", "dev", "--limit", limit])
+        return result.exit_code, result.output, out / "dev.parquet"
+
+    code, output, written = export("-1")
+    assert code == 2 and "--limit" in output and not written.exists()
+    code, _, written = export("0")
+    assert code == 0 and len(_rows(written)) == 4  # every dev example
+    assert [len(_rows(export(n)[2])) for n in ("1", "9")] == [1, 4]
+    with pytest.raises(ValueError, match="limit must be"):
+        verl_adapter.verl_rows(corpus, "dev", limit=-1)

@@ -104,6 +104,10 @@ def model_or_exit(model: str) -> str:
     ./ ~, or under models/ or outputs/) that does not exist: a typo of a folder is not a hub id."""
     from progress_sql.params import is_local_model_path
 
+    if not model.strip():
+        typer.echo("error: --model is empty: give a local model folder, a hub id ORG/NAME or a registered "
+                   "model models:/NAME@ALIAS", err=True)
+        raise typer.Exit(2)
     if is_local_model_path(model) and not Path(model).expanduser().exists():
         typer.echo(f"error: --model {model}: no such folder (a local model folder; a hub id is ORG/NAME, "
                    "a registered one models:/NAME@ALIAS)", err=True)

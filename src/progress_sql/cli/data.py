@@ -158,7 +158,7 @@ def export_verl(
     recipe: str = typer.Option(None, "--recipe",
                                help="Reward recipe whose output format the prompts ask for (default: the protocol's)"),
     protocol: str = typer.Option("odt", "--protocol", help="Multi-turn protocol whose interaction the rows name"),
-    limit: int = typer.Option(None, "--limit", help="At most this many examples per split"),
+    limit: int = typer.Option(0, "--limit", min=0, help="At most this many examples per split (0: all)"),
     overrides: Overrides = [],
 ) -> None:
     """Write the corpus as verl's RL parquet files (prompt, reward_model, extra_info with the

@@ -33,12 +33,15 @@ def task_rows(
     env: str = "single_turn",
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per example of ``split`` of the corpus at ``corpus_dir`` (at most ``limit``),
-    its prompt the one project environment ``env`` starts with for ``recipe``'s format."""
+    """One row per example of ``split`` of the corpus at ``corpus_dir`` (the first ``limit``; None
+    or 0: all, as ``eval.max_examples``), its prompt the one project environment ``env`` starts
+    with for ``recipe``'s format."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a whole number ≥ 1, or 0 for all (got {limit!r})")
     recipe = resolve_recipe(recipe)
     settings = task_settings(settings)
     layout = CorpusLayout(Path(corpus_dir).resolve())
-    examples = list(read_jsonl(layout.split(split)))[:limit]
+    examples = list(read_jsonl(layout.split(split)))[:limit or None]
     environment = envs.get(env)(settings, fmt=recipe.fmt,
                                 schema_texts=SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     rows = []
