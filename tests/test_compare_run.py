@@ -278,3 +278,29 @@ def test_the_async_comparison_differs_in_rl_async_alone_and_shares_the_sft():
     assert run.model_copy(update={"rl": run.rl.model_copy(update={"async_": sync.rl.async_,
                                                                    "out_dir": sync.rl.out_dir})}).rl == sync.rl
     assert jobs["sync/seed-1"].sft == jobs["async/seed-1"].sft  # one SFT: the arms differ after it
+
+
+def test_each_seed_run_carries_its_own_seed_in_a_real_store(tmp_path):
+    # issue 52: every `<arm> seed 1` run carried the param seed = 2 (the arm's last seed)
+    from mlflow.tracking import MlflowClient
+
+    from progress_sql import tracking
+    from progress_sql.comparisons.run import run_name
+    from progress_sql.comparisons.spec import arm_params
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = make_plan("methods", REPO / "params.yaml", "cpu-demo", arms=["oneshot", "progress-sql"],
+                     budget_overrides={"seeds": 2})
+    first = plan.jobs[0].settings.model_copy(deep=True)
+    first.tracking.tracking_uri = uri
+    with tracking.pipeline_run(first, "compare-seeds") as parent:
+        for job in plan.jobs:
+            s = job.settings.model_copy(deep=True)
+            s.tracking.tracking_uri = uri
+            with tracking.child_pipeline_run(s, run_name(job), parent.info.run_id, params=arm_params(plan, job)):
+                pass
+    runs = {r.info.run_name: r for r in MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name(first.tracking.experiment).experiment_id])}
+    for job in plan.jobs:
+        params = runs[run_name(job)].data.params
+        assert (params["arm"], params["seed"]) == (job.arm, str(job.seed)), run_name(job)

@@ -370,8 +370,8 @@ def arm_params(plan: Plan, job: Job) -> dict[str, Any]:
     under their settings names (a pipeline run's param names). Paths and what every arm shares
     stay out (the whole settings are the run's settings.json): MLflow's Compare view plots the
     first params that differ, in name order."""
-    flat = {j.arm: dotted_items(j.settings.model_dump(mode="json")) for j in plan.jobs}
-    mine = flat[job.arm]
+    flat = {j.arm: dotted_items(j.settings.model_dump(mode="json")) for j in plan.jobs}  # an arm's last seed
+    mine = dotted_items(job.settings.model_dump(mode="json"))  # this job's own: its seed, not the arm's last
     own = (f"rewards.{job.settings.rl.recipe}.",)
     differing = sorted(k for k in mine if is_method_key(k) and (not k.startswith("rewards.") or k.startswith(own))
                        and len({repr(f.get(k)) for f in flat.values()}) > 1)
