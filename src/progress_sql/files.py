@@ -1,12 +1,16 @@
-"""Atomic writers for the text, JSON and CSV files the stages leave behind (metrics, reports,
-plot data), the one-writer lock of an output folder, what a failed write means, and the SQLite
-URI of a file path. The bottom of the import stack: it imports nothing from the package, so
+"""Atomic writers for the files the stages leave behind (metrics, reports, plots) and for whole
+output folders, the one-writer lock of an output folder, what a failed write means, and the
+SQLite URI of a file path. The bottom of the import stack: it imports nothing from the package, so
 every layer may use it.
 
 A file is written to a temporary sibling and renamed over its target, so a reader (DVC, a
 dashboard, a concurrent stage) never sees half a file, and a write that fails (a full disk, a
 read-only folder) leaves the old file as it was and raises an OSError naming the path, which
 the CLI prints as one line (``cli.common.os_error_line``).
+
+A folder (an evaluation's report, a corpus, an export) is written aside and swapped in whole
+(``written_aside``): on any failure the previous folder is intact and nothing half-written
+carries a final name.
 
 ``writer_lock(folder)``: a trainer or an evaluation holds its output folder's lock for the whole
 run, so a second one on the same folder stops at once, before writing anything, instead of
@@ -21,12 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
 import errno
 import fcntl
+import glob
 import io
 import json
 import os
+import resource
+import shutil
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -34,14 +43,14 @@ from typing import Any, Iterable, Iterator, Sequence
 from urllib.parse import unquote
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, creating its folder. On a failure (a full disk, a
-    read-only folder) the old file stays as it was, no temporary is left, and the OSError names
-    ``path``."""
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, creating its folder. On a failure (a full disk, a
+    read-only folder, the file size limit) the old file stays as it was, no temporary is left,
+    and the OSError names ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(data)
         tmp.replace(path)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -49,6 +58,11 @@ def write_text(path: Path, text: str) -> None:
         if isinstance(err, OSError):
             raise named(err, path) from None
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` (UTF-8) written atomically, as ``write_bytes``."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -82,14 +96,17 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]
 
 
 # ----------------------------------------------------------------------------- faults of the machine
-_FULL_BYTES = 1 << 20  # less room than this, after a write failed, means the disk is full
+_FULL_BYTES = 1 << 20  # less room than this (or than 1/16 of a small disk) after a failed write: full
+# SQLite reports a failed write without its cause or file: "database or disk is full", "disk I/O error"
+_SQLITE_FULL, _SQLITE_IOERR = "SQLITE_FULL", "SQLITE_IOERR"
 
 
 def named(err: OSError, path: str | Path) -> OSError:
     """``err`` with ``path`` as its file name when it has none (a write to an open file that
     fails for want of space names no file)."""
-    if err.filename is None:
-        err = type(err)(err.errno, err.strerror or str(err), str(path))
+    if err.filename is None:  # the system's words for its errno (pyarrow's wrap them in a sentence)
+        cause = os.strerror(err.errno) if isinstance(err.errno, int) else err.strerror or str(err)
+        err = OSError(err.errno, cause, str(path))
     return err
 
 
@@ -103,18 +120,171 @@ def disk_full(path: str | Path) -> bool:
         st = os.statvfs(folder)
     except OSError:
         return False
-    return st.f_bavail * st.f_frsize < _FULL_BYTES
+    return st.f_bavail * st.f_frsize < min(_FULL_BYTES, st.f_blocks * st.f_frsize // 16)
+
+
+def disk_error(err: BaseException, path: str | Path) -> OSError | None:
+    """``err`` as an OSError naming ``path`` when it is a failed write that says so: an OSError
+    (named as it is when it names a file), or SQLite's "database or disk is full" (ENOSPC) and
+    "disk I/O error" (ENOSPC on a full disk; EFBIG under a file size limit, ``ulimit -f``, the
+    likely cause then; else EIO); None for any other error."""
+    if isinstance(err, OSError):
+        return named(err, path)
+    name = getattr(err, "sqlite_errorname", "") if isinstance(err, sqlite3.OperationalError) else ""
+    if name == _SQLITE_FULL or (name.startswith(_SQLITE_IOERR) and disk_full(path)):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if name.startswith(_SQLITE_IOERR):
+        limited = resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path)) if limited else \
+            OSError(errno.EIO, str(err), str(path))
+    return None
 
 
 def write_failure(err: BaseException, path: str | Path) -> BaseException:
-    """What a failed write of ``path`` should raise: an OSError naming ``path`` (ENOSPC when the
-    error did not say why but the disk is full), else ``err`` itself. Call it before removing
-    what was written: that frees the space."""
-    if isinstance(err, OSError):
-        return named(err, path)
+    """What a failed write of ``path`` should raise: ``disk_error``'s OSError naming ``path``
+    (ENOSPC when the error did not say why but the disk is full), else ``err`` itself. Call it
+    before removing what was written: that frees the space."""
+    failure = disk_error(err, path)
+    if failure is not None:
+        return failure
     if disk_full(path):
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     return err
+
+
+# ----------------------------------------------------------------------------- whole folders
+@contextlib.contextmanager
+def written_aside(out: str | Path, owned: Iterable[str] | None = None) -> Iterator[Path]:
+    """Yield an empty folder beside ``out`` to write a command's output in; when the block ends
+    without an error, swap it in for ``out`` whole, else remove it and leave ``out`` as it was.
+    An error of the machine (``disk_error``) leaves as an OSError naming the path under ``out``
+    that failed (the one the user knows), or ``out`` itself.
+
+    ``owned``: the paths (relative to ``out``; a folder stands for all it holds) the command
+    writes. The other entries of an existing ``out`` (a user's notes) are hard-linked into the
+    new folder before the swap, so they are kept as they were (an entry added to ``out`` in the
+    moment between those links and the swap is not). None: the command owns the whole folder (a
+    corpus). Writing aside needs room for the old and the new output at once. The swap is one
+    step where Linux can exchange two names (``renameat2``); elsewhere two renames. A symlinked
+    ``out`` keeps its link: the folder it points to is swapped, beside itself. The writer lock
+    of ``out`` (``writer_lock``) sits beside it and is not touched."""
+    given = Path(out)
+    out = given.resolve()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(given))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out)
+    tmp = _sibling(out, "partial", os.getpid())
+    tmp.mkdir()
+    try:
+        yield tmp
+        if owned is not None and out.is_dir():
+            _carry(out, tmp, frozenset(owned))
+        _swap(tmp, out)  # from here tmp holds the previous folder, if there was one
+    except BaseException as err:
+        failure = disk_error(err, given) if isinstance(err, Exception) else None
+        failure = _final_names(failure, tmp, given) if failure is not None else err
+        shutil.rmtree(tmp, ignore_errors=True)
+        if failure is err:
+            raise
+        raise failure from None
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sibling(out: Path, kind: str, pid: int | str) -> Path:
+    """A hidden folder beside ``out`` of this host's process ``pid``: ``.NAME.KIND-HOST-PID``."""
+    return out.with_name(f".{out.name}.{kind}-{socket.gethostname()}-{pid}")
+
+
+def _remove_stale(out: Path) -> None:
+    """Remove what a killed writer of ``out`` on this host left aside (its process is gone)."""
+    for path in out.parent.glob(glob.escape(_sibling(out, "partial", "").name) + "*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _carry(src: Path, dest: Path, owned: frozenset[str], prefix: str = "") -> None:
+    """Hard-link into ``dest`` each entry of ``src`` not ``owned`` (relative paths) and not in
+    ``dest`` yet; folders are made, and recursed into where they hold owned paths."""
+    for entry in os.scandir(src):
+        rel = prefix + entry.name
+        if rel in owned:
+            continue
+        target = dest / entry.name
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if is_dir and (target.is_dir() or any(p.startswith(rel + "/") for p in owned)):
+            target.mkdir(exist_ok=True)
+            _carry(Path(entry.path), target, owned, rel + "/")
+        elif is_dir and not os.path.lexists(target):
+            shutil.copytree(entry.path, target, symlinks=True, copy_function=_link)
+        elif not os.path.lexists(target):
+            _link(entry.path, target)
+
+
+def _link(src: str, dest: str | Path) -> None:
+    """``dest`` as a hard link of ``src`` (the same file, no data copied), else a copy (a file
+    system without hard links, or a file of another owner under protected_hardlinks)."""
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dest, follow_symlinks=False)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
+
+
+def _swap(new: Path, out: Path) -> None:
+    """Put the folder ``new`` in the place of ``out``; ``new`` then names the previous ``out``."""
+    if not out.exists():
+        new.rename(out)
+        return
+    if _exchange(new, out):
+        return
+    old = _sibling(out, "old", os.getpid())
+    out.rename(old)
+    try:
+        new.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    old.rename(new)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange the names ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so
+    that no moment passes without one of them; False where the system or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _final_names(err: OSError, tmp: Path, out: Path) -> OSError:
+    """``err`` naming, for a path under ``tmp``, the path it would have had under ``out``."""
+    def final(name: Any) -> Any:
+        text = os.fsdecode(name) if isinstance(name, (str, bytes)) else None
+        if text is None or not (text == str(tmp) or text.startswith(str(tmp) + os.sep)):
+            return name
+        return str(out) + text[len(str(tmp)):]
+
+    return OSError(err.errno, err.strerror, final(err.filename), None, final(err.filename2))
 
 
 # ----------------------------------------------------------------------------- one writer per folder
@@ -155,8 +325,11 @@ def writer_lock(folder: str | Path) -> Iterator[Path]:
     try:
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        except OSError as err:  # a full disk: the error names no file
+            raise named(err, path) from None
         _probe_writable(Path(folder))
         yield path
     finally:

@@ -139,18 +139,27 @@ def stage_or_exit(name: str, errors: tuple[str, ...] = (), writes: str | Path | 
 
 
 # ----------------------------------------------------------------------------- faults of the machine
-_WRITE_ERRNOS = {"EROFS", "ENOSPC", "EDQUOT", "EFBIG"}
+_ELSEWHERE = "write elsewhere (--out, or the setting naming the folder)"
+# what to do when the machine refuses a write, by its errno
+_WRITE_HINTS = {
+    errno.ENOSPC: f"free space on that disk or {_ELSEWHERE}",
+    errno.EDQUOT: f"free space within your disk quota or {_ELSEWHERE}",
+    errno.EFBIG: f"over the file size limit (ulimit -f) or the file system's largest file: raise the limit or "
+                 f"{_ELSEWHERE}",
+    errno.EROFS: _ELSEWHERE,
+}
 
 
 def os_error_line(err: OSError) -> str:
     """One line for an error of the machine (a read-only folder, a full disk, a missing
-    permission): the path and the cause, as ``error: cannot write PATH: Read-only file system``."""
+    permission): the path, the cause and, for a refused write, what to do, as ``error: cannot
+    write PATH: Read-only file system; write elsewhere (...)``."""
     cause = err.strerror or str(err) or type(err).__name__
     if err.filename is None:  # a connection, a pipe: no path to name
         return f"error: {cause}"
     path = f"{err.filename} → {err.filename2}" if err.filename2 is not None else str(err.filename)
-    if errno.errorcode.get(err.errno) in _WRITE_ERRNOS:
-        return f"error: cannot write {path}: {cause}"
+    if err.errno in _WRITE_HINTS:
+        return f"error: cannot write {path}: {cause}; {_WRITE_HINTS[err.errno]}"
     return f"error: {path}: {cause}"
 
 

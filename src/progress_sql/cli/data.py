@@ -164,14 +164,16 @@ def export_verl(
     """Write the corpus as verl's RL parquet files (prompt, reward_model, extra_info with the
     database path and the protocol's interaction kwargs): see docs/integrations/verl.md."""
     from progress_sql.corpus.records import CorpusError
+    from progress_sql.files import written_aside
     from progress_sql.integrations.verl import export_parquet
 
     settings = load_or_exit(ctx, params, parse_overrides(overrides))
-    try:
-        written = export_parquet(corpus or settings.data.out_dir, out, splits, recipe, settings, protocol=protocol,
-                                 limit=limit)
+    try:  # the splits' files replaced together; other files in --out are kept
+        with written_aside(out, owned=[f"{split}.parquet" for split in splits]) as aside:
+            written = export_parquet(corpus or settings.data.out_dir, aside, splits, recipe, settings,
+                                     protocol=protocol, limit=limit)
     except (CorpusError, KeyError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    for split, path in written.items():
-        typer.echo(f"wrote {path}")
+    for path in written.values():
+        typer.echo(f"wrote {Path(out) / path.name}")

@@ -23,8 +23,12 @@ from typing import Any, Sequence
 from progress_sql.comparisons.spec import JobResult, Plan
 from progress_sql.eval.paired import MODES, compare_split, read_predictions
 from progress_sql.eval.reports import markdown_table
-from progress_sql.files import write_json, write_text
+from progress_sql.eval.plots import save_png
+from progress_sql.files import write_json, write_text, written_aside
 
+# The report's files, replaced whole by each report; other files in its folder are kept.
+REPORT_FILES = ("report.md", "report.html", "table.json", "curves.png", "ex.png")
+_DPI = 110
 ODT_KEYS = ("select", "join", "where", "group", "avg", "parse_error_rate")
 Block = tuple  # ("p", text) | ("table", header, rows) | ("img", file name, alt)
 
@@ -182,7 +186,7 @@ def _plot(plan: Plan, results: Sequence[JobResult], data: dict[str, Any], folder
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[1].legend(fontsize="small")
-        _save(fig, folder / "curves.png")
+        save_png(fig, folder / "curves.png", dpi=_DPI)
         blocks.append(("img", "curves.png", "RL reward and rollout EX per step"))
     greedy = [c for c in data["columns"] if c.endswith("/greedy")]
     if greedy:
@@ -198,51 +202,44 @@ def _plot(plan: Plan, results: Sequence[JobResult], data: dict[str, Any], folder
             ax.set_xticklabels(arms, rotation=30, ha="right", fontsize="small")
             ax.set_ylabel("EX %")
             ax.set_title(f"{column.split('/')[0]}: greedy EX (± sd over seeds)")
-        _save(fig, folder / "ex.png")
+        save_png(fig, folder / "ex.png", dpi=_DPI)
         blocks.append(("img", "ex.png", "greedy EX per arm and split"))
     return blocks
 
 
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write_report(plan: Plan, results: Sequence[JobResult], wall_seconds: float) -> Report:
+    """The report's files, written aside and swapped into ``plan.report_dir`` whole."""
+    with written_aside(plan.report_dir, owned=REPORT_FILES) as aside:
+        data = table_data(plan, results)
+        write_json(aside / "table.json", data)
+        failures = [r for r in results if r.status != "done"]
+        done = len(results) - len(failures)
+        sections: list[tuple[str, list[Block]]] = [
+            ("Budget", [("p", f"Scale `{plan.scale}`, {done} of {len(results)} arm × seed runs finished; "
+                              f"this invocation took {wall_seconds / 60:.1f} min, the finished runs' RL and evaluation "
+                              f"{sum(r.rl_seconds + r.eval_seconds for r in results) / 60:.1f} min in all (shared stages "
+                              "not counted)."), *(("p", n) for n in plan.notes)]),
+            ("EX per split and mode (mean ± sd over seeds)", [_main_table(data)]),
+            ("Figures", _plot(plan, results, data, aside)),
+            (f"Each arm against {plan.arms[0]} (exact McNemar test, paired by question)",
+             [("p", "Pooled: the examples of every seed both arms finished, paired by seed and question; then each "
+                    "seed alone. gained: right only in the arm; lost: right only in the first."),
+              ("table", ["arm", "split", "mode", "seeds", "n", f"EX {plan.arms[0]} %", "EX arm %", "gained", "lost",
+                         "p"], _paired_rows(plan, results))]),
+            ("ODT mismatch profile (greedy, % of profiled predictions; mean ± sd over seeds)",
+             [("table", ["arm", "split", "SELECT", "JOIN", "WHERE", "GROUP", "avg", "unparsed"], _odt_rows(plan, results))]),
+            ("Cost per run (mean over seeds)",
+             [("table", ["arm", "seeds", "RL steps", "RL s", "eval s", "generated tokens (RL)"], _cost_rows(plan, results))]),
+        ]
+        if failures:
+            sections.append(("Failed or missing runs", [
+                ("p", "Run the same command again: the finished runs are kept and only these run."),
+                ("table", ["run", "error", "folder"], [[r.label, r.error, r.run_dir] for r in failures])]))
+        title = f"Comparison {plan.name}"
+        md = _markdown(title, plan.comparison.description, sections, aside)
+        write_text(aside / "report.md", md)
+        write_text(aside / "report.html", _html(title, plan.comparison.description, sections, aside))
     folder = plan.report_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    data = table_data(plan, results)
-    write_json(folder / "table.json", data)
-    failures = [r for r in results if r.status != "done"]
-    done = len(results) - len(failures)
-    sections: list[tuple[str, list[Block]]] = [
-        ("Budget", [("p", f"Scale `{plan.scale}`, {done} of {len(results)} arm × seed runs finished; "
-                          f"this invocation took {wall_seconds / 60:.1f} min, the finished runs' RL and evaluation "
-                          f"{sum(r.rl_seconds + r.eval_seconds for r in results) / 60:.1f} min in all (shared stages "
-                          "not counted)."), *(("p", n) for n in plan.notes)]),
-        ("EX per split and mode (mean ± sd over seeds)", [_main_table(data)]),
-        ("Figures", _plot(plan, results, data, folder)),
-        (f"Each arm against {plan.arms[0]} (exact McNemar test, paired by question)",
-         [("p", "Pooled: the examples of every seed both arms finished, paired by seed and question; then each "
-                "seed alone. gained: right only in the arm; lost: right only in the first."),
-          ("table", ["arm", "split", "mode", "seeds", "n", f"EX {plan.arms[0]} %", "EX arm %", "gained", "lost",
-                     "p"], _paired_rows(plan, results))]),
-        ("ODT mismatch profile (greedy, % of profiled predictions; mean ± sd over seeds)",
-         [("table", ["arm", "split", "SELECT", "JOIN", "WHERE", "GROUP", "avg", "unparsed"], _odt_rows(plan, results))]),
-        ("Cost per run (mean over seeds)",
-         [("table", ["arm", "seeds", "RL steps", "RL s", "eval s", "generated tokens (RL)"], _cost_rows(plan, results))]),
-    ]
-    if failures:
-        sections.append(("Failed or missing runs", [
-            ("p", "Run the same command again: the finished runs are kept and only these run."),
-            ("table", ["run", "error", "folder"], [[r.label, r.error, r.run_dir] for r in failures])]))
-    title = f"Comparison {plan.name}"
-    md = _markdown(title, plan.comparison.description, sections, folder)
-    write_text(folder / "report.md", md)
-    write_text(folder / "report.html", _html(title, plan.comparison.description, sections, folder))
     table = _render_table_md(*_main_table(data)[1:])
     # MLflow's markdown preview shows no inlined image (it keeps http(s) sources only); its HTML
     # preview shows report.html whole.

@@ -12,8 +12,9 @@ Layout (``records.CorpusLayout``)::
     neighbours/<db_id>/<k>.sqlite      k fuzzed neighbours per dev/test database
     manifest.json                      seed, settings, counts, hardness, coverage, hashes
 
-The build writes into a temporary folder beside ``out_dir`` and renames it into place at the
-end, so a failed build leaves the previous corpus (or nothing) and never half a corpus. The
+The build writes into a folder beside ``out_dir`` and swaps it in whole at the end
+(``files.written_aside``), so a failed build (a full disk too) leaves the previous corpus (or
+nothing) and never half a corpus. The
 same seed and settings give byte-identical JSONL, tables.json and manifest, and databases
 with identical content (``generate_db.database_fingerprint``).
 """
@@ -21,9 +22,7 @@ with identical content (``generate_db.database_fingerprint``).
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,6 +41,7 @@ from progress_sql.corpus.integrity import sha256_file  # the manifest's hashes, 
 from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, write_jsonl
 from progress_sql.sources import VARIANTS
 from progress_sql.data.variants import build_variants
+from progress_sql.files import written_aside
 from progress_sql.sql.sandbox import clear_connection_cache
 
 MANIFEST_FORMAT = 1
@@ -73,39 +73,18 @@ def split_domains(settings: Settings) -> dict[str, list[Domain]]:
 def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Build the corpus into ``out_dir`` (default ``data.out_dir``) atomically; the manifest."""
     out = Path(out_dir if out_dir is not None else settings.data.out_dir)
-    return build_atomically(out, lambda layout: _build_into(layout, settings, progress), "building")
+    return build_atomically(out, lambda layout: _build_into(layout, settings, progress))
 
 
-def build_atomically(out: Path, build: Callable[[CorpusLayout], dict[str, Any]], label: str) -> dict[str, Any]:
-    """``build(layout)`` into a temporary folder beside ``out``, then swapped into place: a
-    failed build leaves ``out`` as it was. Returns the build's manifest."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{label}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+def build_atomically(out: Path, build: Callable[[CorpusLayout], dict[str, Any]]) -> dict[str, Any]:
+    """``build(layout)`` into a folder beside ``out``, then swapped in whole
+    (``files.written_aside``): a failed build leaves ``out`` as it was, and a full disk (SQLite's
+    "database or disk is full" too) ends as an OSError naming ``out``. Returns the manifest."""
     try:
-        manifest = build(CorpusLayout(tmp))
-        swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with written_aside(out) as tmp:
+            return build(CorpusLayout(tmp))
     finally:
-        clear_connection_cache()  # the sandbox's cached connections point into the temp folder
-    return manifest
-
-
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished folder ``tmp`` to ``out``, replacing (then deleting) what was there."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        if old.exists():
-            old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        clear_connection_cache()  # the sandbox's cached connections point into the folder aside
 
 
 def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dict[str, Any]:
@@ -210,5 +189,4 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     }
 
 
-__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "split_domains",
-           "swap_into_place"]
+__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "split_domains"]

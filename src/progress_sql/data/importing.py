@@ -90,7 +90,7 @@ def import_corpus(settings: Settings, out_dir: str | Path | None = None, progres
         with SQLPool(settings.sandbox.workers, settings=settings.sandbox) as pool:
             return _Importer(settings, layout, given, pool, progress).run()
 
-    manifest = build_atomically(out, build, "importing")
+    manifest = build_atomically(out, build)
     manifest["build_seconds"] = round(time.perf_counter() - started, 3)
     return manifest
 

@@ -4,11 +4,13 @@
 - ``plot_robustness``: EX and TS per split and variant, one bar per decoding mode.
 
 Both take the rows of ``reports.hardness_rows`` / ``reports.robustness_rows`` (the same data
-the CSV files give ``dvc plots``).
+the CSV files give ``dvc plots``). ``save_png`` writes a figure atomically (the comparison
+report's figures too).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: render to files only
 
 import matplotlib.pyplot as plt  # noqa: E402
+
+from progress_sql.files import write_bytes  # noqa: E402
 
 _BAR_GROUP_WIDTH = 0.8
 _DPI = 120
@@ -33,11 +37,16 @@ def _bars(ax: Any, categories: Sequence[str], series: dict[str, Sequence[float |
     ax.set_ylabel("%")
 
 
-def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+def save_png(fig: Any, path: Path, dpi: int = _DPI) -> Path:
+    """``fig`` as a PNG at ``path`` (then closed): rendered in memory and written atomically, so
+    a failed write (a full disk) leaves no half image and names ``path``."""
+    buf = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_bytes(path, buf.getvalue())
     return path
 
 
@@ -54,7 +63,7 @@ def plot_hardness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.set_title(f"{split}: EX by hardness")
         if modes:
             ax.legend(fontsize="small")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_robustness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
@@ -68,4 +77,4 @@ def plot_robustness(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.set_title(f"{metric.upper()} across splits")
         if modes:
             ax.legend(fontsize="small")
-    return _save(fig, path)
+    return save_png(fig, path)

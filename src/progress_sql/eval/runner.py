@@ -38,7 +38,6 @@ The caller logs the flat metrics (``dev/greedy/ex``) and the files where it trac
 from __future__ import annotations
 
 import json
-import shutil
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +58,7 @@ from progress_sql.eval.analysis import mismatch_rates, prediction_tags
 from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
 from progress_sql.eval.generators import Generator, RequestPolicy, make_generator
 from progress_sql.eval.voting import pass_at_k, vote
-from progress_sql.files import write_csv, write_json, write_text
+from progress_sql.files import write_csv, write_json, write_text, written_aside
 from progress_sql.formats import FormatName, parse_output
 from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool, Verdict
 
@@ -416,24 +415,26 @@ def _split_notes(name: str, m: dict[str, Any], layout: CorpusLayout, examples: S
     return notes
 
 
+# The evaluation's files in its output folder (the evaluate stage's outs), written aside and
+# swapped in whole; the folder's other entries (a user's notes) are kept.
+OUTPUT_FILES = {"metrics": "metrics.json", "report": "report.md", "hardness_csv": "plots/hardness.csv",
+                "robustness_csv": "plots/robustness.csv", "hardness_png": "plots/hardness.png",
+                "robustness_png": "plots/robustness.png"}
+PREDICTIONS = "predictions"  # <split>.jsonl; a split not evaluated this time leaves no file behind
+
+
 def _write_outputs(out: Path, model: str, metrics: dict[str, Any], records: dict[str, list[dict[str, Any]]],
                    notes: list[str], settings: Settings) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plots").mkdir(exist_ok=True)
-    shutil.rmtree(out / "predictions", ignore_errors=True)  # no stale splits from an earlier run
-    files = {"metrics": out / "metrics.json", "report": out / "report.md",
-             "hardness_csv": out / "plots" / "hardness.csv", "robustness_csv": out / "plots" / "robustness.csv",
-             "hardness_png": out / "plots" / "hardness.png", "robustness_png": out / "plots" / "robustness.png"}
-    write_json(files["metrics"], metrics)
-    write_text(files["report"], reports.markdown_report(model, metrics, settings.eval, notes))
-    hardness = reports.hardness_rows(metrics)
-    robustness = reports.robustness_rows(metrics)
-    write_csv(files["hardness_csv"], hardness, reports.HARDNESS_COLUMNS)
-    write_csv(files["robustness_csv"], robustness, reports.ROBUSTNESS_COLUMNS)
-    plots.plot_hardness(hardness, files["hardness_png"])
-    plots.plot_robustness(robustness, files["robustness_png"])
-    for name, rows in records.items():
-        path = out / "predictions" / f"{name}.jsonl"
-        write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
-        files[f"predictions/{name}"] = path
-    return files
+    names = {**OUTPUT_FILES, **{f"predictions/{name}": f"{PREDICTIONS}/{name}.jsonl" for name in records}}
+    hardness, robustness = reports.hardness_rows(metrics), reports.robustness_rows(metrics)
+    with written_aside(out, owned=[*OUTPUT_FILES.values(), PREDICTIONS]) as tmp:
+        write_json(tmp / names["metrics"], metrics)
+        write_text(tmp / names["report"], reports.markdown_report(model, metrics, settings.eval, notes))
+        write_csv(tmp / names["hardness_csv"], hardness, reports.HARDNESS_COLUMNS)
+        write_csv(tmp / names["robustness_csv"], robustness, reports.ROBUSTNESS_COLUMNS)
+        plots.plot_hardness(hardness, tmp / names["hardness_png"])
+        plots.plot_robustness(robustness, tmp / names["robustness_png"])
+        for name, rows in records.items():
+            write_text(tmp / names[f"predictions/{name}"],
+                       "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+    return {key: out / rel for key, rel in names.items()}
