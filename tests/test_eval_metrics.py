@@ -70,6 +70,22 @@ def test_pass_metrics_and_flat_metrics():
     assert flat == {"dev/n": 3.0, "dev/greedy/ex": 0.5, "dev/greedy/by_hardness/easy/ex": 1.0}
 
 
+def test_an_example_whose_gold_passed_max_rows_is_counted_apart():
+    """Issue 49: its answers are neither right nor wrong (even the gold would not match): EX,
+    TS and pass@k are over the other examples, the count is ``gold_too_large``, in the report."""
+    base = outcome(False, ts=False)
+    too_large = Verdict(base.verdict.result, False, base.verdict.result, ExecResult(rows=((1,), (2,)), truncated=True))
+    unjudged = Outcome(base.example, too_large, False, True, 10.0)
+    assert unjudged.verdict.unjudged.startswith("gold_too_large: the gold query returns more than 2 rows")
+    m = mode_metrics([outcome(True, ts=True), outcome(False, ts=False), unjudged])
+    assert (m["n"], m["ex"], m["ts"], m["ts_n"], m["gold_too_large"]) == (3, 0.5, 0.5, 2, 1)
+    assert m["exec_rate"] == 1.0 and m["by_hardness"]["easy"] == {"n": 3, "ex": 0.5, "ts": 0.5}
+    p = pass_metrics([1.0, 0.0, None], ["easy"] * 3)
+    assert (p["n"], p["ex"], p["gold_too_large"], p["by_hardness"]["easy"]) == (3, 0.5, 1, {"n": 3, "ex": 0.5})
+    text = reports.markdown_report("tiny", {"dev": {"n": 3, "greedy": m, "gold_errors": 0}}, EvalSettings())
+    assert "| Gold too large |" in text and "| 1 |" in text
+
+
 def test_a_registered_metric_reaches_metrics_json_mlflow_and_the_report(monkeypatch):
     """The walk of docs/architecture.md: one ``Metric`` entry is the whole change. Here a
     row count, the mean number of rows the chosen SQL returned (errors not counted)."""

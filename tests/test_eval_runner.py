@@ -17,6 +17,8 @@ from progress_sql.envs import Request
 from progress_sql.eval.generators import Completion, OracleGenerator, RequestPolicy, oracle_answer
 from progress_sql.eval.runner import PROMPT_TOO_LONG
 from progress_sql.formats import FORMATS, parse_output
+from progress_sql.sql import gold_result
+from progress_sql.sql.verdict import comparison_sql
 
 SMALL_DATA = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 30, "dev_size": 12,
               "test_size": 12, "indomain_size": 12, "neighbours": 2, "rows_scale": 0.3}
@@ -141,6 +143,27 @@ def test_runner_arithmetic_with_known_answers(corpus, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "eval" / "predictions" / "dev.jsonl").read_text().splitlines()]
     assert lines[0]["greedy"]["sql"] == WRONG and len(lines[0]["samples"]) == 4
     assert {ln["vote"]["winner"] for ln in lines} <= {0, 2}
+
+
+def test_golds_past_max_rows_are_counted_apart_not_as_wrong_answers(corpus, tmp_path):
+    """Issue 49: with sandbox.max_rows under some golds' row counts, the oracle (the gold
+    itself) was scored wrong on those. Now they are left out of EX and pass@k, counted in
+    ``gold_too_large`` per decoding mode and for the split, and a note says what to do."""
+    examples = list(read_jsonl(CorpusLayout(corpus).split("dev")))
+    settings = make_settings(eval={"splits": ["dev"], "vote_k": 2, "pass_k": 2, "ts": False})
+    counts = sorted(len(gold_result(CorpusLayout(corpus).database(ex.db_id), comparison_sql(ex.gold_sql), None,
+                                    100_000).rows) for ex in examples)
+    max_rows = counts[len(counts) // 2]
+    too_large = sum(n > max_rows for n in counts)
+    assert 0 < too_large < len(counts)
+    settings = settings.model_copy(update={"sandbox": settings.sandbox.model_copy(update={"max_rows": max_rows})})
+    result = run_eval(settings, ORACLE, corpus, None, tmp_path / "eval", progress=False)
+    m = result.metrics["dev"]
+    assert (m["n"], m["gold_too_large"], m["gold_errors"]) == (len(examples), too_large, 0)
+    for mode in ("greedy", "vote_at_2", "pass_at_2"):
+        assert (m[mode]["ex"], m[mode]["gold_too_large"]) == (1.0, too_large), mode
+    assert any(note.startswith(f"dev: {too_large} gold queries return more than sandbox.max_rows rows")
+               and "raise sandbox.max_rows or fix the questions" in note for note in result.notes)
 
 
 # ----------------------------------------------------------------------------- a real tiny model

@@ -28,6 +28,9 @@ from progress_sql.sql import SQLPool
 from conftest import GOLD, WRONG, answer
 
 RUNAWAY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+# A gold of 10,001 rows: one more than the default sandbox.max_rows (issue 49: even the gold
+# itself scored as a wrong answer, silently)
+TOO_LARGE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10001) SELECT x FROM c"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -96,10 +99,11 @@ def broken_cases(school_db: Path) -> dict[str, tuple[str, Path, str, str]]:
         "missing database": (answer(GOLD), school_db.parent / "absent.sqlite", GOLD, "no_database"),
         "gold fails": (answer(GOLD), school_db, "SELECT name FROM no_such_table", "gold_failed"),
         "gold writes": (answer(GOLD), school_db, "DELETE FROM student", "gold_failed"),
+        "gold too large": (answer(TOO_LARGE), school_db, TOO_LARGE, "gold_too_large"),
     }
 
 
-@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails", "gold writes"])
+@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails", "gold writes", "gold too large"])
 @pytest.mark.parametrize("recipe", ["progress", "oneshot", "reasoning_sql"])
 def test_bad_input_gets_the_floor_and_a_reason_in_every_single_turn_adapter(broken_cases, kind, recipe):
     text, db, gold, reason = broken_cases[kind]
@@ -119,7 +123,7 @@ def test_bad_input_gets_the_floor_and_a_reason_in_every_single_turn_adapter(brok
     assert out["correct"] == 0.0 and all(out[c] == 0.0 for c in recipe_.components)
 
 
-@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails"])
+@pytest.mark.parametrize("kind", ["no tags", "missing database", "gold fails", "gold too large"])
 def test_bad_input_gets_the_floor_and_a_reason_in_every_episode(broken_cases, kind):
     text, db, gold, reason = broken_cases[kind]
     low = rewards.get("progress").min_reward()
@@ -135,6 +139,54 @@ def test_bad_input_gets_the_floor_and_a_reason_in_every_episode(broken_cases, ki
     for _ in range(5):
         env.submit_answer(text)
     assert trl_adapter.episode_reward([[]], [[]], environments=[env]) == [low]
+
+
+def test_a_gold_past_max_rows_says_what_to_do_in_every_adapter(school_db):
+    """The gold itself as the answer: the floor, not a score with ``correct`` 0 and no reason."""
+    settings = {"sandbox": {"max_rows": 2}}
+    gold = "SELECT name FROM department"  # 3 rows
+    out = verl_adapter.compute_score("progress_sql", answer(gold), gold, {"db_path": str(school_db)},
+                                     settings=settings)
+    assert out["reason"] == ("gold_too_large: the gold query returns more than 2 rows (sandbox.max_rows), so no "
+                             "answer can be judged against it; raise sandbox.max_rows or fix the question")
+    assert out["score"] == rewards.get("progress").min_reward() and out["correct"] == 0.0
+    reasons = []
+    reward = trl_adapter.reward_function("progress", settings)
+    assert reward([[]], [answer(gold)], db_path=[str(school_db)], gold_sql=[gold],
+                  log_extra=lambda key, values: reasons.extend(values)) == [out["score"]]
+    assert reasons == [out["reason"]]
+    assert scoring.score_completion(answer(gold), school_db, gold, "progress", {"sandbox": {"max_rows": 3}}).correct
+
+
+@pytest.mark.parametrize("column", ["db_path", "gold_sql", "semantics"])
+def test_the_trl_reward_refuses_a_column_that_is_not_a_list(school_db, column):
+    """TRL passes each column as a list; a single string was read character by character
+    ("score_batch: 1 texts, 56 databases, 27 gold queries")."""
+    reward = trl_adapter.reward_function("progress")
+    columns = {"db_path": [str(school_db)], "gold_sql": [GOLD], "semantics": ["spider"]}
+    assert reward([[]], [answer(GOLD)], **columns) == [scoring.score_completion(answer(GOLD), school_db, GOLD).total]
+    columns[column] = columns[column][0]
+    with pytest.raises(TypeError, match=f"column '{column}' must be a list with one value per completion"):
+        reward([[]], [answer(GOLD)], **columns)
+    with pytest.raises(ValueError, match="column 'gold_sql' has 2 values for 1 completions"):
+        reward([[]], [answer(GOLD)], db_path=[str(school_db)], gold_sql=[GOLD, GOLD])
+
+
+def test_policy_sql_sqlglot_cannot_parse_prints_nothing(school_db):
+    """sqlglot logs a warning for a statement it parses as a mere command; the task module
+    parses a model's SQL without it reaching the user's stderr (a fresh process: the
+    interpreter's own last-resort handler, as a user's script has it)."""
+    code = f"""
+import json
+from progress_sql.integrations import verl
+print(json.dumps([verl.compute_score("x", t, {GOLD!r}, {{"db_path": {str(school_db)!r}}})["score"]
+                  for t in {[answer(sql) for sql in ("VACUUM", "VACUUM main", "REPLACE INTO student VALUES (1)",
+                                                     "EXPLAIN SELECT 1")]!r}]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert json.loads(out.stdout) == [verl_adapter.compute_score("x", answer("VACUUM"), GOLD,
+                                                                 {"db_path": str(school_db)})["score"]] * 4
 
 
 def test_odd_values_never_raise(school_db):

@@ -111,7 +111,7 @@ def test_sql_tool_episode_runs_queries_then_takes_the_solution(corpus, recipe):
     assert outputs[-1]["metadata"]["recipe"] == recipe
 
 
-@pytest.mark.parametrize("broken", ["no database", "no gold", "gold fails"])
+@pytest.mark.parametrize("broken", ["no database", "no gold", "gold fails", "gold too large"])
 def test_bad_rows_end_at_the_first_step_with_the_floor(corpus, tmp_path, broken):
     row = skyrl_adapter.dataset_rows(corpus, "train", "progress-sql-odt", limit=1)[0]
     extras = _extras(row)
@@ -119,13 +119,16 @@ def test_bad_rows_end_at_the_first_step_with_the_floor(corpus, tmp_path, broken)
         extras["extra_info"] = {**extras["extra_info"], "db_path": str(tmp_path / "absent.sqlite")}
     elif broken == "no gold":
         extras["reward_spec"] = {}
-    else:
+    elif broken == "gold fails":
         extras["reward_spec"] = {"ground_truth": "SELECT x FROM nowhere"}
+    else:  # one row more than the default sandbox.max_rows
+        extras["reward_spec"] = {"ground_truth": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                                                 "WHERE x < 10001) SELECT x FROM c"}
     env = skyrl_gym.make("progress-sql-odt", env_config=None, extras=extras)  # never raises
     assert env.init(row["prompt"])[0] == row["prompt"]
     out = env.step(answer(GOLD))
     assert out["done"] and out["reward"] == rewards.get("progress").min_reward()
-    assert out["metadata"]["reason"].split(":")[0] in ("no_database", "gold_failed")
+    assert out["metadata"]["reason"].split(":")[0] in ("no_database", "gold_failed", "gold_too_large")
     assert env.turns == 0 and env.get_metrics()["floored"] == 1.0
     assert math.isfinite(env.step(None)["reward"])
 

@@ -620,6 +620,25 @@ def test_real_trail_and_single_turn(school_db):
     assert missing_db.result.error == "no_database" and not missing_db.correct
 
 
+def test_a_gold_past_max_rows_gets_the_floor_from_every_recipe(school_db):
+    """Issue 49: a gold of more rows than sandbox.max_rows made every answer wrong, the gold
+    itself too. Every turn of such a question says why it cannot be judged, and every recipe
+    gives it the floor, whatever the answer: its rollouts all score alike."""
+    gold = "SELECT name FROM department"  # 3 rows
+    sandbox = S.sandbox.model_copy(update={"max_rows": 2})
+    texts = {"think_sql": think(gold), "reasoning_answer": answer(gold), "trail": solution(gold)}
+    for name in rewards.names():
+        recipe = rewards.get(name)
+        turns = [make_turn(text, recipe.fmt, school_db, gold, sandbox) for text in (texts[recipe.fmt], "no tags")]
+        assert turns[0].unjudged == turns[1].unjudged != ""
+        assert turns[0].unjudged.startswith("gold_too_large: the gold query returns more than 2 rows (sandbox.max_rows)")
+        outs = [recipe(Trajectory(turns=(turn,), gold_sql=gold, max_turns=4), S) for turn in turns]
+        assert [out.total for out in outs] == [recipe.min_reward(S)] * 2, name
+        assert outs[0].info == {"unjudged": turns[0].unjudged} and not any(outs[0].components.values())
+    judged = make_turn(think(gold), "think_sql", school_db, gold, S.sandbox.model_copy(update={"max_rows": 3}))
+    assert judged.correct and judged.unjudged == ""
+
+
 # ============================================================================ conformance
 def _parses(sql: str) -> bool:
     try:

@@ -355,6 +355,49 @@ def test_printf_over_text_that_is_not_utf8_still_answers(tmp_path: Path) -> None
     assert execute(path, "SELECT length(printf('%.*c', 20000000, 'x'))").error == "too_big"
 
 
+# Issue 49: text that is not UTF-8 cannot reach the bounded printf from Python, and SQLite's own
+# gave NULL (the width) or ran for seconds (the precision). Every argument type, both paths.
+PRINTF_ARGUMENTS = ["'x'", "CAST(x'ff' AS TEXT)", "x'ff'", "1", "1.5", "NULL"]
+PRINTF_BOMBS = ["printf('%2000000000s', {})", "printf('%.*c', 2000000000, {})", "format('%2000000000d', {})",
+                "printf(CAST(x'25323030303030303030306366ff' AS TEXT), {})"]  # a format not UTF-8: '%2000000000cf\xff'
+
+
+@pytest.mark.parametrize("path", ["in_process", "worker"])
+@pytest.mark.parametrize("bomb", PRINTF_BOMBS)
+@pytest.mark.parametrize("argument", PRINTF_ARGUMENTS)
+def test_printf_is_bounded_for_every_argument_type_on_both_paths(numbers_db: Path, long_value_worker, argument: str,
+                                                                  bomb: str, path: str) -> None:
+    sql = "SELECT " + bomb.format(argument)
+    started = time.monotonic()
+    if path == "in_process":
+        result = execute(numbers_db, sql, timeout_s=2.0)
+    else:
+        result, = long_value_worker.run([(numbers_db, sql)], timeout_s=2.0)
+    assert result.error == "too_big" and "sandbox.max_value_bytes" in result.message, result
+    assert time.monotonic() - started < 1.0
+
+
+LATIN1 = "CAST(x'436166e9' AS TEXT)"  # 'Café' in latin-1
+
+
+@pytest.mark.parametrize(("fmt", "args"), [
+    ("'%s!'", LATIN1), ("'%d|%s|%-6s|'", f"'12abc', {LATIN1}, {LATIN1}"), ("'%5.2f|%q|%Q|%w|%c'", f"1.5, {LATIN1}, "
+     f"NULL, {LATIN1}, {LATIN1}"), ("'%.20f %s %lld %s'", f"0.1 + 0.2, x'ff00', 9007199254740993, {LATIN1}"),
+    (f"{LATIN1} || '%s'", "-0.0"), ("'%.2s%s'", f"{LATIN1}, printf('%s', {LATIN1})"), ("''", LATIN1),
+])
+def test_printf_over_text_that_is_not_utf8_is_sqlites_own(numbers_db: Path, fmt: str, args: str) -> None:
+    """The quoted rewrite gives SQLite's own bytes, typed text: the same value, length and
+    comparisons as a plain connection reading text as the sandbox does."""
+    call = f"printf({fmt}, {args})"
+    sql = f"SELECT {call}, typeof({call}), length({call}), {call} = {call}, format({fmt}, {args}) = {call}"
+    con = sqlite3.connect(":memory:")
+    con.text_factory = lambda raw: raw.decode("utf-8", errors="ignore")
+    expected = con.execute(sql).fetchall()
+    con.close()
+    result = execute(numbers_db, sql)
+    assert result.ok and [tuple(row) for row in result.rows] == expected, (result, expected)
+
+
 # ``instr`` of two long strings compares the needle at every position of the haystack inside one
 # SQLite function call, deaf to the progress handler: ~30 s here in the calling process.
 SLOW_INSTR = ("SELECT instr(replace(hex(zeroblob(2000000)), '0', 'a') || 'b', "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -222,6 +223,15 @@ def _empty_test_split(c: Path) -> None:
     CorpusLayout(c).split("test").write_text("")
 
 
+TOO_LARGE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10001) SELECT x FROM c"
+FITS_MAX_ROWS = ("gold results have at most sandbox.max_rows ({:,}) rows (else no answer can be judged: raise "
+                 "sandbox.max_rows or fix the question)")
+
+
+def _gold_past_max_rows(c: Path) -> None:  # 10,001 rows: one more than the default sandbox.max_rows
+    _edit(CorpusLayout(c).split("test"), lambda rs: rs[1].update(gold_sql=TOO_LARGE))
+
+
 @pytest.mark.parametrize(
     "damage, failed, offender",
     [
@@ -240,6 +250,7 @@ def _empty_test_split(c: Path) -> None:
         (_variant_on_train_database, {"variants use no train database"}, "concert_singer in train+indomain+syn"),
         (_extra_field, {"records carry only Example fields"}, "dev-004"),
         (_empty_test_split, {"every split has examples"}, "missing: test"),
+        (_gold_past_max_rows, {FITS_MAX_ROWS.format(10_000)}, "test-001"),
         (_indomain_repeats_a_train_gold, {"in-domain examples repeat no train gold SQL or question"}, "indomain-000"),
         (_indomain_repeats_a_train_question, {"in-domain examples repeat no train gold SQL or question"},
          "indomain-001"),
@@ -267,6 +278,20 @@ def test_gold_that_times_out(corpus, tmp_path):
     report = validate_corpus(corpus, _settings(gold_timeout_s=0.3), tmp_path)
     assert _failed(report) == {"gold SQL executes within 0.3 s"}
     assert "test-001 (timeout)" in report.failures[0]
+
+
+def test_data_validate_flags_golds_past_sandbox_max_rows(corpus, tmp_path):
+    """Issue 49: such a gold makes every answer wrong; ``progress-sql data validate`` (the real
+    command) names the questions before training or evaluation counts them."""
+    params = tmp_path / "params.yaml"
+    params.write_text("tracking:\n  enabled: false\n")
+    out = subprocess.run(["progress-sql", "data", "validate", "--corpus", str(corpus), "--report-dir",
+                          str(tmp_path / "reports"), "--params", str(params), "--set", "sandbox.max_rows=1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    # the fixture's tables hold a few rows each: the 11 golds that list more than one
+    assert out.stderr.splitlines() == [f"failed expectation: {FITS_MAX_ROWS.format(1)}: 11 of 25 rows violate it "
+                                       "(e.g. train-001, train-003, train-006, train-007, dev-001)"]
 
 
 def test_empty_share_threshold_comes_from_settings(corpus, tmp_path):

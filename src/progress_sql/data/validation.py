@@ -2,9 +2,10 @@
 
 Every example of every split and robustness variant becomes one row of a pandas DataFrame.
 Columns that need the project's own code are derived first (does the gold SQL parse, does it
-execute on its database within ``data.gold_timeout_s``, is its result non-empty, in how many
-splits does its database occur); the checks themselves are GE expectations over those
-columns, each with a readable name that the report and the failure messages use.
+execute on its database within ``data.gold_timeout_s``, is its result non-empty and within
+``sandbox.max_rows`` rows, in how many splits does its database occur); the checks themselves
+are GE expectations over those columns, each with a readable name that the report and the
+failure messages use.
 
 Records are read leniently here (plain JSON objects, ``read_json_lines``, not ``read_jsonl``) so that a bad value
 becomes a failed expectation naming the rows, instead of an exception at the first one; only
@@ -224,6 +225,9 @@ def _add_gold_columns(df: pd.DataFrame, layout: CorpusLayout, settings: Settings
     # 1/0 for executed golds, NaN otherwise: the share of non-empty results is the column mean
     # over golds that ran (one that fails to run is the "executes" expectation's business).
     df["gold_nonempty"] = [float(bool(r.rows)) if r is not None and r.ok else math.nan for r in outcome]
+    # A gold past sandbox.max_rows cannot be judged (sql.verdict.too_large_reason): flagged here,
+    # before training floors it and evaluation leaves it out of EX. None: the gold did not run.
+    df["gold_fits_max_rows"] = [not r.truncated if r is not None and r.ok else None for r in outcome]
 
 
 def _add_split_columns(df: pd.DataFrame) -> None:
@@ -312,6 +316,9 @@ def _suite(gx: Any, settings: Settings, manifest: dict[str, Any] | None = None) 
         (_Check("gold SQL parses", "gold_parses"),
          E.ExpectColumnValuesToBeInSet(column="gold_parses", value_set=[True])),
         executes,
+        (_Check(f"gold results have at most sandbox.max_rows ({settings.sandbox.max_rows:,}) rows "
+                "(else no answer can be judged: raise sandbox.max_rows or fix the question)", "gold_fits_max_rows"),
+         E.ExpectColumnValuesToBeInSet(column="gold_fits_max_rows", value_set=[True])),
         (_Check(f"semantics is one of {', '.join(SEMANTICS)}", "semantics"),
          E.ExpectColumnValuesToBeInSet(column="semantics", value_set=list(SEMANTICS))),
         (_Check(f"at least {min_nonempty:.0%} of gold results are non-empty", "gold_nonempty"),

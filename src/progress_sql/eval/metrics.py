@@ -7,11 +7,14 @@ A decoding mode (greedy, Vote@k, the multi-turn protocol) yields one ``Outcome``
     {"n", "ex", "ts", "ts_n", "exec_rate", "format_rate", "mean_response_tokens",
      "by_hardness": {"easy": {"n", "ex", "ts"}, ...}, "by_difficulty": {...}}
 
-- ``ex``: execution accuracy over all n examples; ``exec_rate``: the chosen SQL ran without
-  error; ``format_rate``: the output followed the format; ``mean_response_tokens``: mean
-  generated length (all samples for Vote@k).
+- ``ex``: execution accuracy over the n examples that can be judged; ``exec_rate``: the chosen
+  SQL ran without error; ``format_rate``: the output followed the format;
+  ``mean_response_tokens``: mean generated length (all samples for Vote@k).
 - ``ts``: test-suite accuracy over the ``ts_n`` examples whose database has neighbours
   (None when there are none, or TS is off); an example without neighbours has ``ts=None``.
+- ``gold_too_large``: examples whose gold's result passed ``sandbox.max_rows``
+  (``Verdict.unjudged``): no answer can be judged against it, so they are counted here and
+  left out of EX and TS (and of pass@k), not counted as wrong answers of the model.
 - ``by_hardness``: Spider hardness (every level listed, n=0 with None rates when absent);
   ``by_difficulty``: the dataset's own labels (BIRD: simple/moderate/challenging), only when
   the examples carry them; both hold the ``grouped`` metrics.
@@ -52,8 +55,18 @@ class Outcome:
     sql: str | None = None
 
     @property
-    def ex(self) -> bool:
-        return self.verdict.correct
+    def judged(self) -> bool:
+        """False when the gold's result passed ``sandbox.max_rows`` (``Verdict.unjudged``)."""
+        return not self.verdict.unjudged
+
+    @property
+    def ex(self) -> bool | None:
+        """The verdict; None when the example cannot be judged."""
+        return self.verdict.correct if self.judged else None
+
+    @property
+    def judged_ts(self) -> bool | None:
+        return self.ts if self.judged else None
 
     @property
     def executed(self) -> bool:
@@ -103,11 +116,12 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("ex", lambda o: o.ex, rate, "EX", grouped=True),
-    Metric("ts", lambda o: o.ts, rate, "TS", grouped=True),
-    Metric("ts_n", lambda o: o.ts, counted, "TS n", str),
+    Metric("ts", lambda o: o.judged_ts, rate, "TS", grouped=True),
+    Metric("ts_n", lambda o: o.judged_ts, counted, "TS n", str),
     Metric("exec_rate", lambda o: o.executed, rate, "Executable"),
     Metric("format_rate", lambda o: o.well_formed, rate, "Format"),
     Metric("mean_response_tokens", lambda o: o.response_tokens, mean, "Mean tokens", _one_decimal),
+    Metric("gold_too_large", lambda o: None if o.judged else True, counted, "Gold too large", str),
 )
 
 
@@ -137,16 +151,18 @@ def mode_metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     return out
 
 
-def pass_metrics(scores: Sequence[float], hardness: Sequence[str]) -> dict[str, Any]:
-    """pass@k over a split: ``scores[i]`` is example i's pass@k estimate in [0, 1]."""
+def pass_metrics(scores: Sequence[float | None], hardness: Sequence[str]) -> dict[str, Any]:
+    """pass@k over a split: ``scores[i]`` is example i's pass@k estimate in [0, 1], None when
+    it cannot be judged (counted in ``gold_too_large``, left out of the rest)."""
     if len(scores) != len(hardness):
         raise ValueError("pass_metrics: one hardness label per score")
     by_level = {}
     for level in (*HARDNESS_LEVELS, *sorted(set(hardness) - set(HARDNESS_LEVELS))):
         vals = [s for s, h in zip(scores, hardness) if h == level]
         if vals or level in HARDNESS_LEVELS:
-            by_level[level] = {"n": len(vals), "ex": mean(vals)}
-    return {"n": len(scores), "ex": mean(scores), "by_hardness": by_level}
+            by_level[level] = {"n": len(vals), "ex": mean(s for s in vals if s is not None)}
+    return {"n": len(scores), "ex": mean(s for s in scores if s is not None), "by_hardness": by_level,
+            "gold_too_large": sum(s is None for s in scores)}
 
 
 def flat_metrics(tree: dict[str, Any], sep: str = "/", prefix: str = "") -> dict[str, float]:

@@ -61,6 +61,7 @@ from progress_sql.eval.voting import pass_at_k, vote
 from progress_sql.files import write_csv, write_json, write_text, written_aside
 from progress_sql.formats import FormatName, parse_output
 from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool, Verdict
+from progress_sql.sql.verdict import too_large_reason
 
 KNOWN_SPLITS = (*CORPUS_SPLITS, *VARIANTS)
 
@@ -269,7 +270,8 @@ class _SplitEvaluator:
                                     "classes": len(outcome.classes)}
                 if self.cfg.pass_k:
                     ev.pass_correct = sum(a.verdict.correct for a in answers)
-                    ev.pass_score = pass_at_k(len(answers), ev.pass_correct, self.cfg.pass_k)
+                    ev.pass_score = (None if answers[0].verdict.unjudged  # counted apart (eval.metrics)
+                                     else pass_at_k(len(answers), ev.pass_correct, self.cfg.pass_k))
         self._add_ts([(ev.example, a) for ev in evals for a in (ev.greedy, ev.vote) if a is not None])
         return evals
 
@@ -307,8 +309,9 @@ class _SplitEvaluator:
                 evals += chunk_evals
                 bar.update(len(chunk))
         metrics = self.metrics(evals)
-        metrics["gold_errors"] = sum(1 for ex in examples
-                                     if not self.judge.gold(self.layout.database(ex.db_id), ex.gold_sql, ex.semantics).ok)
+        golds = [self.judge.gold(self.layout.database(ex.db_id), ex.gold_sql, ex.semantics) for ex in examples]
+        metrics["gold_errors"] = sum(not gold.ok for gold in golds)
+        metrics["gold_too_large"] = sum(bool(too_large_reason(gold)) for gold in golds)
         metrics["prompt_too_long"] = self.prompts_too_long
         return metrics, evals
 
@@ -406,6 +409,9 @@ def _split_notes(name: str, m: dict[str, Any], layout: CorpusLayout, examples: S
     notes = []
     if m["gold_errors"]:
         notes.append(f"{name}: {m['gold_errors']} gold queries fail to execute; no prediction can match them")
+    if m["gold_too_large"]:
+        notes.append(f"{name}: {m['gold_too_large']} gold queries return more than sandbox.max_rows rows; counted "
+                     "apart (gold_too_large), not in EX/TS: raise sandbox.max_rows or fix the questions")
     if m["prompt_too_long"]:
         notes.append(f"{name}: {m['prompt_too_long']} generations skipped, prompt over generation.max_prompt_tokens")
     if ts:

@@ -9,6 +9,8 @@ project's own single-turn environment gives. Bad input gets the recipe's floor
 - ``no_sql``: no SQL could be extracted from the completion (no answer tags, an empty block);
 - ``no_database``: the database path is missing or not a file;
 - ``gold_failed``: the gold query does not execute (the example cannot be judged);
+- ``gold_too_large``: the gold's result has more than ``sandbox.max_rows`` rows (nor can it:
+  the reason says to raise ``sandbox.max_rows`` or fix the question; ``sql.verdict``);
 - ``error``: anything else raised (the message says what).
 
 A sandbox that cannot start (``sql.SandboxUnavailable``) is the one exception that is raised:
@@ -32,9 +34,9 @@ from progress_sql import rewards
 from progress_sql.envs.settings import TaskSettings, default_task_settings
 from progress_sql.rewards.types import Judge, Recipe, Trajectory, Turn
 from progress_sql.sql import BatchVerdicts, SandboxUnavailable, SQLPool
-from progress_sql.sql.verdict import gold_comparison_result
+from progress_sql.sql.verdict import GOLD_TOO_LARGE, gold_comparison_result, too_large_reason
 
-REASONS = ("no_sql", "no_database", "gold_failed", "error")
+REASONS = ("no_sql", "no_database", "gold_failed", GOLD_TOO_LARGE, "error")
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,10 @@ def floor(recipe: Recipe, settings: Any, reason: str, turns: int = 1) -> Scored:
 
 
 def check_task(db_path: Any, gold_sql: Any, settings: Any, semantics: str = "spider") -> str:
-    """'' when the example can be judged, else the floor reason: the database is missing or
-    the gold does not execute: the gold the verdict compares with, its comparison view under
-    ``semantics`` (so a Spider gold with a spaced ``! =`` is judged, as the environments judge
-    it), from the process-wide gold cache."""
+    """'' when the example can be judged, else the floor reason: the database is missing, or
+    the gold does not execute or returns more than ``sandbox.max_rows`` rows: the gold the
+    verdict compares with, its comparison view under ``semantics`` (so a Spider gold with a
+    spaced ``! =`` is judged, as the environments judge it), from the process-wide gold cache."""
     if not isinstance(gold_sql, str) or not gold_sql.strip():
         return "gold_failed: no gold SQL given"
     if not isinstance(db_path, (str, os.PathLike)) or not str(db_path):
@@ -99,7 +101,7 @@ def check_task(db_path: Any, gold_sql: Any, settings: Any, semantics: str = "spi
     gold = gold_comparison_result(path, gold_sql, semantics or "spider", settings.sandbox)
     if not gold.ok:
         return f"gold_failed: {gold.error}: {gold.message}"
-    return ""
+    return too_large_reason(gold)
 
 
 def score_turns(recipe: Recipe, trajectory: Trajectory, settings: Any, judge: Judge | None = None) -> Scored:

@@ -37,6 +37,7 @@ Nothing here imports TRL or torch; ``datasets`` (TRL's data stack) is imported b
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -92,6 +93,20 @@ def _log(columns: dict[str, Any], name: str, recipe: Recipe, scored: Sequence[Sc
         log_extra(f"{name}/reason", [s.reason for s in scored])
 
 
+def _check_columns(name: str, n: int, columns: dict[str, Any]) -> None:
+    """TRL passes every dataset column as a list, one value per completion: a column given
+    otherwise (a single string would be read character by character) is the caller's mistake,
+    refused naming the column."""
+    for column, values in columns.items():
+        if values is None:
+            continue
+        if isinstance(values, (str, bytes, os.PathLike)) or not hasattr(values, "__len__"):
+            raise TypeError(f"{name}: column {column!r} must be a list with one value per completion (as TRL "
+                            f"passes dataset columns), got {type(values).__name__} {values!r:.80}")
+        if len(values) != n:
+            raise ValueError(f"{name}: column {column!r} has {len(values)} values for {n} completions")
+
+
 def reward_function(
     recipe: str | Recipe = "progress",
     settings: Any = None,
@@ -103,7 +118,9 @@ def reward_function(
     sections; default the built-in ones), named ``progress_sql_<recipe>`` in TRL's logs.
 
     Its signature is TRL's: ``(prompts, completions, db_path, gold_sql, **columns)`` returning
-    one float per completion; ``question`` and ``difficulty`` columns are read when present.
+    one float per completion; ``question``, ``difficulty`` and ``semantics`` columns are read
+    when present. Every column is a list with one value per completion, as TRL passes them
+    (called by hand with one completion too): anything else raises TypeError naming it.
     ``pool``: an ``SQLPool`` to run the batch's queries in worker processes (default: this
     thread). ``judge``: Reasoning-SQL's LLM judge (None: its weight is redistributed).
     """
@@ -116,6 +133,8 @@ def reward_function(
     def reward(prompts: list, completions: list, db_path: Sequence[str] | None = None,
                gold_sql: Sequence[str] | None = None, **columns: Any) -> list[float]:
         n = len(completions)
+        _check_columns(name, n, {"db_path": db_path, "gold_sql": gold_sql,
+                                 **{k: columns.get(k) for k in ("question", "difficulty", "semantics")}})
         if db_path is None or gold_sql is None:
             missing = "db_path" if db_path is None else "gold_sql"
             scored = [floor(recipe, settings, f"error: the dataset has no {missing} column")] * n

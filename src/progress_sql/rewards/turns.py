@@ -24,7 +24,8 @@ def make_turns(texts: Sequence[str], fmt: FormatName, tasks: Sequence[Task], jud
     (each distinct query once, through the judge's pool when it has one)."""
     sqls = [parse_output(text, fmt).sql for text in texts]
     verdicts = judge.judge([Candidate(db, sql, gold, semantics) for sql, (db, gold, semantics) in zip(sqls, tasks)])
-    return [Turn(text=text, sql=sql, result=v.result, correct=v.correct) for text, sql, v in zip(texts, sqls, verdicts)]
+    return [Turn(text=text, sql=sql, result=v.result, correct=v.correct, unjudged=v.unjudged)
+            for text, sql, v in zip(texts, sqls, verdicts)]
 
 
 def make_turn(
@@ -45,7 +46,9 @@ def make_turn(
     feedback read it); ``correct`` compares comparison views (Spider: DISTINCT removed), the
     gold's from ``gold_cache`` (default: the process-wide one), so the G rollouts of a question
     execute their gold once. A turn without extractable SQL is not executed (``result`` None,
-    not correct). A gold that fails to execute matches nothing. Never raises for any model text.
+    not correct). A gold that fails to execute matches nothing; one whose result passes
+    ``sandbox.max_rows`` makes the turn ``unjudged`` (the recipes then give the floor). Never
+    raises for any model text.
     """
     judge = BatchVerdicts(sandbox, gold_cache=gold_cache)
     return make_turns([text], fmt, [(db_path, gold_sql, semantics)], judge)[0]

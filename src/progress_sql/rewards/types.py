@@ -20,7 +20,9 @@ class Turn:
 
     ``text``: the raw output; ``sql``: the SQL extracted from it (None when nothing could be
     extracted); ``result``: the execution of ``sql`` (None when not executed); ``correct``:
-    the turn is correct by ``sql.verdict`` (the evaluation's decision too).
+    the turn is correct by ``sql.verdict`` (the evaluation's decision too); ``unjudged``: ''
+    or why no turn of this question can be judged (``sql.verdict.Verdict.unjudged``: the gold's
+    result passed ``sandbox.max_rows``).
     Build real turns with :func:`progress_sql.rewards.turns.make_turn`.
     """
 
@@ -28,6 +30,7 @@ class Turn:
     sql: str | None = None
     result: ExecResult | None = None
     correct: bool = False
+    unjudged: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class Trajectory:
 @dataclass(frozen=True)
 class RewardOutput:
     """``total`` = sum of ``components`` (weighted contributions, always the same keys for a
-    recipe so runs compare in MLflow); ``info``: diagnostics (k*, notes, raw scores)."""
+    recipe so runs compare in MLflow), except for an unjudged question's floor (``Recipe``);
+    ``info``: diagnostics (k*, notes, raw scores)."""
 
     total: float
     components: dict[str, float]
@@ -136,6 +140,13 @@ class Recipe:
                         f"got {type(settings).__name__}")
 
     def __call__(self, trajectory: Trajectory, settings: Any = None, *, judge: Judge | None = None) -> RewardOutput:
+        """The reward of ``trajectory``; the floor (``min_reward``, every component 0, the reason
+        in ``info["unjudged"]``) when its question cannot be judged: every rollout of it then
+        gets the same reward, so a group-relative update learns nothing from it (the adapters
+        give a gold that fails the same floor)."""
+        unjudged = next((turn.unjudged for turn in trajectory.turns if turn.unjudged), "")
+        if unjudged:
+            return RewardOutput(self.min_reward(settings), dict.fromkeys(self.components, 0.0), {"unjudged": unjudged})
         out = self.score_fn(trajectory, self.settings_of(settings), judge)
         if tuple(out.components) != self.components:  # a recipe bug, never bad input
             raise RuntimeError(f"{self.name}: components {tuple(out.components)} != {self.components}")

@@ -2,17 +2,47 @@
 
 sqlglot's compiled extension (``sqlglot[c]``, package ``sqlglotc``) installs into the
 ``sqlglot`` package itself; when it is missing, the same calls run in pure Python.
+
+``parse_sql`` is the one call of ``sqlglot.parse`` on SQL the task module judges: sqlglot logs a
+warning for a statement it parses as a mere command (``VACUUM``, ``REPLACE``, ``EXPLAIN``), and
+a model's SQL is no news for the user's stderr; the verdict does not change.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 DIALECT = "sqlite"
+
+
+class _WhileParsing(logging.Filter):
+    """Drops sqlglot's log records while this thread is inside ``parse_sql``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "parsing", False)
+
+
+_QUIET = _WhileParsing()
+logging.getLogger("sqlglot").addFilter(_QUIET)  # only this module's own calls are affected
+
+
+def parse_sql(sql: str) -> list[exp.Expression | None]:
+    """``sqlglot.parse(sql)`` in the SQLite dialect, its logged warnings kept off stderr."""
+    _QUIET.local.parsing = True
+    try:
+        return sqlglot.parse(sql, read=DIALECT)
+    finally:
+        _QUIET.local.parsing = False
 
 
 class SQLParseError(ValueError):
@@ -34,7 +64,7 @@ def parse_one(sql: str) -> exp.Expression:
     if not text:
         raise SQLParseError("empty SQL")
     try:
-        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+        statements = [s for s in parse_sql(text) if s is not None]
     except (SqlglotError, RecursionError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
         # sqlglot raises ParseError/TokenError for bad SQL; a few odd inputs surface as
         # other exceptions from deep inside the parser: all mean "does not parse".

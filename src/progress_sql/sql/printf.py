@@ -11,6 +11,15 @@ per-thread in-memory side connection (same length limit) formats the values behi
 character, and a NULL from it (which then only the accumulator's failure gives) is refused too. A refusal sets
 ``state.too_big`` (the sandbox reads it, as it reads its deadline flag) and raises, which
 SQLite reports as an error of the user function.
+
+Python cannot receive text that is not UTF-8 (``CAST(x'ff' AS TEXT)``, a latin-1 column): such
+an argument fails the call before ``bounded_printf`` runs. The sandbox then runs the query
+again as ``quoting_arguments`` rewrites it: each printf/format call becomes
+``CAST(progress_sql_printf(CAST(quote(arg) AS BLOB), ...) AS TEXT)``, so every argument
+arrives as bytes with its type kept (``quote`` evaluates it once; printf reads a text and a
+blob argument alike), is bounded the same way, and the result is SQLite's own, byte for byte.
+There an argument's quoted form must itself fit the limit (a blob of more than half of it
+fails as ``too_big``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ import re
 import sqlite3
 import threading
 from typing import Any
+
+from sqlglot.dialects.sqlite import SQLite
+from sqlglot.tokens import Token, TokenType
 
 # printf.c's grammar: flags, width (digits or *), precision (. then digits or *), l/ll, conversion
 _SPEC = re.compile(r"%([-+ #!0,]*)(\*|\d*)(?:\.(\*|\d*))?(l{0,2})(.?)", re.DOTALL)
@@ -111,11 +123,11 @@ def least_chars(fmt: str, args: tuple[Any, ...]) -> int:
 
 
 def _side(limit: int) -> sqlite3.Connection:
-    """This thread's in-memory connection whose built-in printf does the formatting."""
+    """This thread's in-memory connection whose built-in printf does the formatting (its text
+    read as bytes: a blob argument's may not be UTF-8)."""
     if state.side is None:
         state.side = sqlite3.connect(":memory:", check_same_thread=True)
-        # a blob argument's bytes may not be UTF-8: dropped, as the sandbox decodes such text
-        state.side.text_factory = lambda raw: raw.decode("utf-8", errors="ignore")
+        state.side.text_factory = bytes
     if state.side_limit != limit:
         state.side.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit)
         state.side_limit = limit
@@ -127,9 +139,9 @@ def _refuse() -> None:
     raise TooBig(f"a printf result passes the length limit of {state.limit:,} bytes")
 
 
-def bounded_printf(*args: Any) -> Any:
-    """``printf(fmt, ...)`` as SQLite computes it, but ``TooBig`` (with ``state.too_big`` set)
-    instead of the NULL SQLite returns when the result passes ``state.limit``."""
+def _formatted(args: tuple[Any, ...]) -> bytes | None:
+    """The bytes of ``printf(*args)`` as SQLite's own gives them (None for NULL), or ``TooBig``
+    (with ``state.too_big`` set) instead of the NULL SQLite returns past ``state.limit``."""
     if not args or args[0] is None:
         return None  # printf() and printf(NULL) are NULL
     fmt = args[0]
@@ -145,13 +157,89 @@ def bounded_printf(*args: Any) -> Any:
         _refuse()
     if out is None:
         _refuse()
-    if out == "x":  # empty: NULL or '', as SQLite's printf has it for this format
+    if out == b"x":  # empty: NULL or '', as SQLite's printf has it for this format
         return _side(state.limit).execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0]
     return out[1:]
 
 
+def bounded_printf(*args: Any) -> str | None:
+    """``printf(fmt, ...)`` as SQLite computes it, but ``TooBig`` (with ``state.too_big`` set)
+    instead of the NULL SQLite returns when the result passes ``state.limit``; bytes that
+    are not UTF-8 (from a blob argument) dropped, as the sandbox reads such text."""
+    out = _formatted(args)
+    return None if out is None else out.decode("utf-8", errors="ignore")
+
+
+def _unquoted(quoted: bytes) -> Any:
+    """The value whose ``quote()`` is ``quoted``, text as bytes."""
+    if quoted.startswith(b"'"):
+        return quoted[1:-1].replace(b"''", b"'")
+    if quoted.startswith(b"X'"):
+        return bytes.fromhex(quoted[2:-1].decode("ascii"))
+    if quoted == b"NULL":
+        return None
+    number = quoted.decode("ascii")
+    try:
+        return int(number)
+    except ValueError:
+        return float(number)  # quote() writes a real so that it reads back exactly ("Inf" too)
+
+
+QUOTED_PRINTF = "progress_sql_printf"  # the bounded printf of quoted arguments
+
+
+def quoted_printf(*quoted: bytes) -> bytes | None:
+    """``bounded_printf`` of arguments given as ``CAST(quote(arg) AS BLOB)``, its result the
+    bytes of SQLite's own (the caller casts them back to text)."""
+    return _formatted(tuple(_unquoted(q) for q in quoted))
+
+
 def install(con: sqlite3.Connection) -> None:
-    """Put ``bounded_printf`` in place of the built-in ``printf`` and ``format`` of ``con``."""
+    """Put ``bounded_printf`` in place of the built-in ``printf`` and ``format`` of ``con``,
+    and ``quoted_printf`` beside them for ``quoting_arguments``'s rewrite."""
     for name in ("printf", "format"):
         con.create_function(name, -1, bounded_printf, deterministic=True)
+    con.create_function(QUOTED_PRINTF, -1, quoted_printf, deterministic=True)
+
+
+def _is_call(tokens: list[Token], i: int) -> bool:
+    return (tokens[i].text.lower() in ("printf", "format") and i + 1 < len(tokens)
+            and tokens[i + 1].token_type == TokenType.L_PAREN)
+
+
+def _arguments(tokens: list[Token], open_at: int) -> tuple[list[tuple[int, int]], int]:
+    """The token ranges [lo, hi) of a call's arguments, its ``(`` at ``open_at``, and the index
+    of its ``)``."""
+    depth, start, spans = 0, open_at + 1, []
+    for i in range(open_at, len(tokens)):
+        kind = tokens[i].token_type
+        depth += (kind == TokenType.L_PAREN) - (kind == TokenType.R_PAREN)
+        if depth == 1 and kind == TokenType.COMMA or depth == 0:
+            if i > start:
+                spans.append((start, i))
+            start = i + 1
+        if depth == 0:
+            return spans, i
+    raise ValueError("a printf call without its closing parenthesis")
+
+
+def quoting_arguments(sql: str) -> str:
+    """``sql`` with every ``printf``/``format`` call a call of ``quoted_printf`` (module notes)."""
+    tokens = list(SQLite().tokenize(sql))
+
+    def text(lo: int, hi: int) -> str:  # the SQL of tokens [lo, hi), its calls rewritten
+        out, pos, i = [], tokens[lo].start, lo
+        while i < hi:
+            if not _is_call(tokens, i):
+                i += 1
+                continue
+            spans, close = _arguments(tokens, i + 1)
+            out.append(sql[pos:tokens[i].start])
+            quoted = ", ".join(f"CAST(quote({text(a, b)}) AS BLOB)" for a, b in spans)
+            out.append(f"CAST({QUOTED_PRINTF}({quoted}) AS TEXT)")
+            pos, i = tokens[close].end + 1, close + 1
+        out.append(sql[pos:tokens[hi - 1].end + 1])
+        return "".join(out)
+
+    return text(0, len(tokens)) if tokens else sql
 

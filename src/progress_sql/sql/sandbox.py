@@ -29,8 +29,9 @@ grows a value: neither can pass the limit).
 
 So the in-process ``execute`` returns within one SQLite operation of its deadline, and the
 operations left are those whose time grows faster than their output, such as ``instr`` of two
-long strings (quadratic: ~1.3 s for 800,000 and 100,000 characters, ~30 s for 4 M and 1 M), and
-``printf`` over text that is not UTF-8 (SQLite's own, unbounded; see ``_run_decoding``).
+long strings (quadratic: ~1.3 s for 800,000 and 100,000 characters, ~30 s for 4 M and 1 M).
+(``printf`` over text that is not UTF-8, which Python cannot hand to the bounded one, runs it
+with quoted arguments: ``_run_decoding``.)
 Only a process boundary stops those: policy SQL runs through ``sql/worker.py``'s
 ``execute_isolated`` and ``SQLPool``, which kill a worker that outlives its deadline by
 ``sandbox.hard_stop_grace_s``.
@@ -53,13 +54,12 @@ import time
 from collections import OrderedDict
 from urllib.parse import quote
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from progress_sql.sql import printf
 from progress_sql.sql.settings import SandboxSettings, default_sandbox
-from progress_sql.sql.parse import DIALECT
+from progress_sql.sql.parse import parse_sql
 from progress_sql.sql.result import ErrorKind, ExecResult
 
 # Implementation constants (not tunables): how often the deadline is checked, how many
@@ -135,7 +135,7 @@ def _statement_verdict(sql: str) -> tuple[ErrorKind, str] | None:
         shown = sql[start : start + 20].split("\n")[0]
         return "syntax", f"SQL must start with SELECT or WITH, found {shown!r}"
     try:
-        parsed = sqlglot.parse(sql, read=DIALECT)
+        parsed = parse_sql(sql)
         statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]  # "; -- note"
     except (SqlglotError, RecursionError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None  # sqlglot's grammar is not SQLite's: SQLite decides, under the authorizer
@@ -209,7 +209,7 @@ def _limit_heap(megabytes: int) -> None:
         _heap_limit[0] = limit
 
 
-def _connect(path: str, immutable: bool, *, bounded_printf: bool = True) -> sqlite3.Connection:
+def _connect(path: str, immutable: bool) -> sqlite3.Connection:
     uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro" + ("&immutable=1" if immutable else "")
     con = sqlite3.connect(uri, uri=True, isolation_level=None)
     try:
@@ -217,8 +217,7 @@ def _connect(path: str, immutable: bool, *, bounded_printf: bool = True) -> sqli
             con.enable_load_extension(False)
         con.execute("PRAGMA query_only = ON")  # before the authorizer, which denies PRAGMA
         con.set_authorizer(_authorize)
-        if bounded_printf:
-            printf.install(con)  # SQLite's own printf turns a too long result into NULL
+        printf.install(con)  # SQLite's own printf turns a too long result into NULL
     except BaseException:
         con.close()
         raise
@@ -319,11 +318,11 @@ def _run(con: sqlite3.Connection, sql: str, deadline: float, max_rows: int) -> t
     return tuple(rows[:max_rows]), columns, len(rows) > max_rows
 
 
-def _run_decoding(con: sqlite3.Connection, path: str, sql: str, deadline: float,
-                  max_rows: int) -> tuple[tuple, tuple, bool]:
+def _run_decoding(con: sqlite3.Connection, sql: str, deadline: float, max_rows: int) -> tuple[tuple, tuple, bool]:
     """``_run``, again when the file's text is not UTF-8: results decoded leniently, and a call
-    of printf whose text arguments Python cannot decode run by SQLite's own printf, on a
-    connection of this query's own (unbounded there: the worker's hard stop remains)."""
+    of printf with a text argument Python cannot receive run with its arguments quoted
+    (``printf.quoting_arguments``: bounded all the same)."""
+    quoted = False
     for _ in range(2):
         try:
             return _run(con, sql, deadline, max_rows)
@@ -331,14 +330,8 @@ def _run_decoding(con: sqlite3.Connection, path: str, sql: str, deadline: float,
             text = str(err).lower()
             if _UNDECODABLE_TEXT in text and con.text_factory is not _lenient_text:
                 con.text_factory = _lenient_text  # this file holds non-UTF-8 text: stay lenient
-            elif _FUNCTION_FAILED in text and not getattr(err, "too_big", False):
-                plain = _connect(path, _needs_immutable(path), bounded_printf=False)
-                plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, con.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
-                plain.text_factory = _lenient_text
-                try:
-                    return _run(plain, sql, deadline, max_rows)
-                finally:
-                    plain.close()
+            elif _FUNCTION_FAILED in text and not getattr(err, "too_big", False) and not quoted:
+                sql, quoted = printf.quoting_arguments(sql), True
             else:
                 raise
     return _run(con, sql, deadline, max_rows)
@@ -410,7 +403,7 @@ def execute(
 
         deadline = started + timeout
         try:
-            rows, columns, truncated = _run_decoding(con, path, sql, deadline, limit)  # type: ignore[arg-type]
+            rows, columns, truncated = _run_decoding(con, sql, deadline, limit)  # type: ignore[arg-type]
         except (sqlite3.Error, sqlite3.Warning) as err:
             return _fail(*_stopped(err, path, timeout, cfg), started)
         return ExecResult(rows=rows, columns=columns, elapsed_s=time.monotonic() - started, truncated=truncated)

@@ -35,6 +35,13 @@ of one question execute their gold once.
 ``BatchVerdicts.judge`` decides, for a batch of any size: evaluation and the framework adapters
 call it with a ``SQLPool``, rollouts through ``rewards.make_turn`` with a batch of one, and
 ``verdict`` is the one-prediction call.
+
+A gold whose result has more than ``sandbox.max_rows`` rows cannot be judged against (only its
+first rows were fetched, so even the gold itself would not match): every verdict of such a
+question says so in ``Verdict.unjudged`` (``too_large_reason``), and its callers count it
+apart: the recipes give the floor reward (``rewards.types.Recipe``), the adapters their floor
+with that reason (``integrations.scoring.check_task``), evaluation leaves it out of EX and TS
+(``eval.metrics``), and ``data validate`` flags the question (``data.validation``).
 """
 
 from __future__ import annotations
@@ -120,13 +127,25 @@ def same_answer(pred_result: ExecResult, gold_result: ExecResult, ordered: bool,
     return _rules(semantics).same(pred_result, gold_result, ordered)
 
 
+GOLD_TOO_LARGE = "gold_too_large"  # the kind of verdict (and of an adapter's floor reason)
+
+
+def too_large_reason(gold: ExecResult | None) -> str:
+    """'' when ``gold`` (a gold's comparison-view result) can be judged against, else why not:
+    its result has more rows than ``sandbox.max_rows`` (only that many were fetched)."""
+    if gold is None or not gold.ok or not gold.truncated:
+        return ""
+    return (f"{GOLD_TOO_LARGE}: the gold query returns more than {len(gold.rows):,} rows (sandbox.max_rows), so no "
+            "answer can be judged against it; raise sandbox.max_rows or fix the question")
+
+
 @dataclass(frozen=True)
 class Verdict:
     """``result``: the execution of the SQL as written (None without SQL), for "executable"
     and feedback; ``correct``: the decision; ``compared``: the execution of the comparison
     view (``result`` itself when the view is the raw SQL; None without SQL), what Vote@k
-    groups; ``gold``: the gold's comparison-view result it was judged against (None without
-    SQL), for metrics that compare rows."""
+    groups; ``gold``: the gold's comparison-view result it was judged against, for metrics
+    that compare rows and for ``unjudged``."""
 
     result: ExecResult | None
     correct: bool
@@ -136,6 +155,12 @@ class Verdict:
     @property
     def executed(self) -> bool:
         return self.result is not None and self.result.ok
+
+    @property
+    def unjudged(self) -> str:
+        """'' normally; why the question cannot be judged when its gold's result passed
+        ``sandbox.max_rows`` (``too_large_reason``: then ``correct`` is False for any answer)."""
+        return too_large_reason(self.gold)
 
 
 def gold_comparison_result(
@@ -195,20 +220,21 @@ class BatchVerdicts:
 
     def judge(self, candidates: Sequence[Candidate]) -> list[Verdict]:
         """The verdict of every candidate, in order. The raw SQL always runs; its comparison
-        view runs only when the text differs. No SQL (None) is not correct and runs nothing. A
-        gold that fails matches nothing. Never raises for any prediction text."""
+        view runs only when the text differs. No SQL (None) is not correct and runs nothing of
+        its own (its gold is looked up, so that ``unjudged`` holds for every answer of a
+        question). A gold that fails matches nothing. Never raises for any prediction text."""
         views = [None if c.sql is None else comparison_sql(c.sql, c.semantics) for c in candidates]
         done = self._run([(c.db_path, sql) for c, view in zip(candidates, views) if c.sql is not None
                           for sql in dict.fromkeys((c.sql, view))])
         golds: dict[tuple, ExecResult] = {}  # the k samples of a question share one lookup
         verdicts = []
         for c, view in zip(candidates, views):
-            if view is None:
-                verdicts.append(Verdict(None, False, None))
-                continue
             key = (c.db_path, c.gold_sql, c.semantics)
             if key not in golds:
                 golds[key] = self.gold(*key)
+            if view is None:
+                verdicts.append(Verdict(None, False, None, golds[key]))
+                continue
             compared = done[(c.db_path, view)]
             verdicts.append(Verdict(done[(c.db_path, c.sql)], self._same(compared, golds[key], c.gold_sql, c.semantics),
                                     compared, golds[key]))
