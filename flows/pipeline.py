@@ -49,7 +49,9 @@ PRESETS: tuple[str, ...] = (NO_PRESET, *preset_names(presets_dir(REPO / "params.
 Preset = Literal[PRESETS]  # type: ignore[valid-type]
 # The compare-methods form: its scale is a drop-down of the presets that name no method (none,
 # cpu-demo, cpu-long; the method presets are the arms'), its arms a multi-select of the arms of
-# the shipped comparisons (configs/comparisons/; empty: all the comparison's arms).
+# the shipped comparisons (configs/comparisons/; empty: all the comparison's arms). A form cannot
+# narrow one field's choices by another's: comparisons.make_plan, the flow's first step, refuses
+# an arm the chosen comparison lacks before any task runs.
 SCALES: tuple[str, ...] = comparisons.scale_names(presets_dir(REPO / "params.yaml"))
 Scale = Literal[SCALES]  # type: ignore[valid-type]
 ARMS: tuple[str, ...] = comparisons.arm_names(comparisons_dir(REPO / "params.yaml"))
@@ -394,7 +396,7 @@ def compare_methods(
     Args:
         comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants; async: Progress-SQL with synchronous against asynchronous rollouts) or the path of a YAML file.
         preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; cpu-smollm2, SmolLM2-135M-Instruct (pick two arms); none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
-        arms: The arms to run, by name, the first the one the others are tested against (at least two of the comparison's); empty: all of them.
+        arms: The arms to run, by name, the first the one the others are tested against (at least two); empty: all of them. The list offers the arms of every shipped comparison (methods: progress-sql, oneshot, reasoning-sql, sql-trail, skyrl-sql; ablations: progress-sql, no-align, no-decay, no-exec-status, single-turn; async: sync, async): pick the chosen comparison's. Another comparison's arm stops the run before anything runs, with a message naming the comparison's arms.
         seeds: How many seeds: 1..N; 0: the comparison's.
         budget: Budget keys to override, as JSON, e.g. {"steps": 5} (trajectories_per_step, group_size, steps, max_minutes, seeds, splits, eval_max_examples).
         work_dir: Folder of the comparison's outputs and report, relative to the repository root or absolute; empty: the repository's own folders.

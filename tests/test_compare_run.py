@@ -224,7 +224,7 @@ def test_bad_comparisons_stop_before_anything_runs(tmp_path):
 
 
 def test_picked_arms_run_in_the_order_given_and_their_runs_name_what_tells_them_apart():
-    from progress_sql.comparisons.run import ex_first
+    from progress_sql.tracking import ex_first
     from progress_sql.comparisons.spec import arm_params
 
     plan = make_plan("ablations", REPO / "params.yaml", "cpu-demo", arms=["no-decay", "progress-sql"],

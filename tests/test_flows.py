@@ -190,6 +190,9 @@ def test_evaluate_model_loads_the_champion_through_the_registry(pipeline):
     assert (Path(overrides["tracking.model_cache_dir"]) / MODEL / "v1").is_dir()
     parent, (stage,) = _pipeline_runs(overrides, state.state_details.flow_run_id)
     assert parent.data.params["data_version"] == stage.data.params["data_version"] == tracking.data_version(root / "corpus")
+    # MLflow's Compare opens its plot on the first metric the runs share in the order they were
+    # logged (the store keeps it): EX, not dev/n (its Metrics table sorts by name, whatever the order)
+    assert next(iter(parent.data.metrics)) == next(iter(stage.data.metrics)) == "dev/greedy/ex"
 
 
 @pytest.mark.slow
@@ -230,6 +233,34 @@ def test_a_corpus_that_fails_validation_stops_with_every_failed_expectation(pref
         validate_data(settings, str(tmp_path / "corpus"), str(tmp_path / "reports"))
     assert "database file exists" in str(failed.value)
     assert json.loads((tmp_path / "reports" / "validation.json").read_text())["success"] is False
+
+
+def test_an_arm_of_another_comparison_is_refused_before_any_task(prefect_api, tmp_path):
+    """The form offers the arms of every shipped comparison (a Prefect form cannot narrow one
+    field's choices by another's): an arm the chosen comparison lacks stops the flow at its start,
+    before any task runs or anything is written, naming the comparison's own arms."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.pipeline import compare_methods
+
+    work = tmp_path / "work"
+    state = compare_methods(comparison="methods", preset="cpu-demo", arms=["progress-sql", "sync"], work_dir=str(work),
+                            mlruns_in_work_dir=True, return_state=True)
+    assert state.is_failed()
+    assert ("no arm named 'sync' in this comparison; its arms: progress-sql, oneshot, reasoning-sql, sql-trail, "
+            "skyrl-sql") in state.message
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    assert tasks == [] and not work.exists()
+    from prefect.utilities.callables import parameter_schema
+
+    described = parameter_schema(compare_methods).model_dump()["properties"]["arms"]["description"]
+    assert "stops the run before anything runs" in described and "the chosen comparison's" in described
+    from progress_sql.comparisons.spec import comparison_names, comparisons_dir, load_comparison
+
+    for name in comparison_names(comparisons_dir(PARAMS)):  # the description lists each one's arms, as shipped
+        assert f"{name}: {', '.join(arm.name for arm in load_comparison(name, PARAMS)[1].arms)}" in described
 
 
 def test_an_unknown_preset_is_refused_before_the_run_starts(prefect_api, tmp_path):

@@ -1,11 +1,14 @@
 """The model registry on a real SQLite MLflow store with a real tiny Qwen2 policy: the champion
 gate both ways (worse and tied candidates do not move `champion`, a better one does), manual
 promotion, listing, and `models:/<name>@champion` loading a model that answers a question
-(as a local folder, as an MLflow pyfunc and through `progress-sql ask`)."""
+(as a local folder, as an MLflow pyfunc, served by `mlflow models serve` and through
+`progress-sql ask`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +16,14 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 torch = pytest.importorskip("torch")
 
+import httpx  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from progress_sql import tracking  # noqa: E402
 from progress_sql.cli import app  # noqa: E402
 from progress_sql.params import settings_from_dict  # noqa: E402
+from progress_sql.servers import QUIET_ENV, free_port, start, stop, wait_healthy  # noqa: E402
 from corpora import small_corpus  # noqa: E402
 from progress_sql.corpus.records import Example  # noqa: E402
 from progress_sql.envs.db_details import SchemaTexts, ddl_from_sqlite  # noqa: E402
@@ -32,7 +37,8 @@ CORPUS = {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_
 TINY = {"vocab_size": 512, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
         "intermediate_size": 128, "max_position_embeddings": 2048, "copy_warmup": {"steps": 0}}
 QUESTION = "How many students are there?"
-ANSWER = "<think>count the students</think><sql>SELECT count(*) FROM student</sql>"
+SQL = "SELECT count(*) FROM student"
+ANSWER = f"<think>count the students</think><sql>{SQL}</sql>"
 
 
 # `store` (one SQLite tracking store per module) comes from conftest.py.
@@ -198,7 +204,43 @@ def test_champion_pyfunc_answers_a_question(store, taught_dir):
     tracking.promote(name, version, settings)
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     out = model.predict([{"question": QUESTION, "schema": ddl_from_sqlite(db)}])
-    assert out == [ANSWER]
+    assert out == [{"sql": SQL, "text": ANSWER}]
+
+
+@pytest.mark.slow  # shares the taught policy; `mlflow models serve` loads torch and the model (~30 s)
+def test_the_served_champion_answers_mlflows_usual_payloads(store, taught_dir, tmp_path):
+    """`mlflow models serve` of the champion, as README's "Promoting a model" runs it: each usual
+    payload gets the SQL beside the raw text; a row without `schema` a 400 that names it."""
+    settings = make_settings(store)
+    policy, db = taught_dir
+    name = "served"
+    tracking.promote(name, tracking.register_model(policy, name, settings=settings), settings)
+    ddl = ddl_from_sqlite(db)
+    port = free_port()
+    bin_dir = Path(sys.executable).absolute().parent  # mlflow starts `uvicorn` by name: this one
+    cmd = [str(bin_dir / "mlflow"), "models", "serve", "-m", f"models:/{name}@champion", "--env-manager", "local",
+           "--host", "127.0.0.1", "--port", str(port)]
+    env = {**QUIET_ENV, **os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    server = start("mlflow models serve", cmd, env, tmp_path / "serve.log", cwd=tmp_path)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/ping", server, timeout_s=180)
+
+        def invoke(body: dict) -> httpx.Response:
+            return httpx.post(f"http://127.0.0.1:{port}/invocations", json=body, timeout=120)
+
+        answer = {"predictions": [{"sql": SQL, "text": ANSWER}]}
+        records = invoke({"dataframe_records": [{"question": QUESTION, "schema": ddl}]})
+        assert (records.status_code, records.json()) == (200, answer), records.text
+        inputs = invoke({"inputs": [{"question": QUESTION, "schema": ddl}]})
+        assert (inputs.status_code, inputs.json()) == (200, answer), inputs.text
+        split = invoke({"dataframe_split": {"columns": ["question", "schema"], "data": [[QUESTION, ddl]]}})
+        assert (split.status_code, split.json()) == (200, answer), split.text
+        missing = invoke({"dataframe_records": [{"question": QUESTION}]})
+        assert missing.status_code == 400 and "Model is missing inputs ['schema']" in missing.json()["message"]
+        empty = invoke({"dataframe_records": [{"question": QUESTION, "schema": ddl}, {"question": QUESTION, "schema": ""}]})
+        assert empty.status_code == 400 and "row 1 has no 'schema' (the database DDL)" in empty.json()["message"]
+    finally:
+        stop(server)
 
 
 @pytest.mark.slow  # shares the taught policy (~40 optimiser steps on a 770-token prompt)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from progress_sql.comparisons.spec import Job, JobResult, Plan, arm_params, shared_settings
 from progress_sql.files import write_json
@@ -128,7 +128,7 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
             ev = stages.evaluate(s, str(rl.final_dir), corpus, s.eval.splits, job.run_dir / "eval", progress=False)
             eval_seconds = time.monotonic() - start
             steps, tokens = _rollout_cost(job)
-            tracking.log_metrics({**ex_first(ev.flat, plan.budget.splits), **rl_summary,
+            tracking.log_metrics({**tracking.ex_first(ev.flat, plan.budget.splits), **rl_summary,
                                   "compare/rl_seconds": rl_seconds, "compare/eval_seconds": eval_seconds,
                                   "compare/generated_tokens": tokens}, to_parent=False)
             tracking.log_eval_files(ev)
@@ -146,18 +146,6 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
     write_json(job.run_dir / RESULT_FILE, asdict(result))
     log(f"{job.label}: RL {rl_seconds:.0f} s ({steps} step{'s' * (steps != 1)}), evaluation {eval_seconds:.0f} s")
     return result
-
-
-def ex_first(flat: dict[str, Any], splits: list[str]) -> dict[str, Any]:
-    """An evaluation's flat metrics with the EX of every split and mode (``dev/greedy/ex``) first,
-    the splits in the budget's order: MLflow's Compare view plots the first metric two runs share,
-    in the order they were first logged."""
-    def rank(key: str) -> tuple[bool, int, str]:
-        split, *rest = key.split("/")
-        ex = len(rest) == 2 and rest[1] == "ex"
-        return not ex, splits.index(split) if split in splits else len(splits), key
-
-    return {key: flat[key] for key in sorted(flat, key=rank)}
 
 
 def _rollout_cost(job: Job) -> tuple[int, float]:

@@ -8,7 +8,8 @@
 >>> tracking.promote_if_better(name, v, "dev/greedy/ex", 0.41, settings)  # doctest: +SKIP
 
 - ``mlflow_runs``: tracking URI, parent and nested runs (their names, kinds and sources), params,
-  metrics, artifacts, an evaluation's metrics and files (``log_eval``, ``log_eval_files``);
+  metrics, artifacts, an evaluation's metrics, EX first, and files (``log_eval``, ``ex_first``,
+  ``log_eval_files``);
 - ``episodes``: RL episodes and an evaluation's best and worst answers as traces, a span per turn;
 - ``model_registry``: log + register a policy, the champion gate, manual promotion, listing,
   resolving ``models:/name@alias`` to a local policy folder;
@@ -27,6 +28,7 @@ from progress_sql.tracking.mlflow_runs import (  # first: sets MLflow's quiet en
     child_pipeline_run,
     configure,
     data_version,
+    ex_first,
     flat_params,
     log_artifacts,
     log_eval,
@@ -69,6 +71,7 @@ __all__ = [
     "child_pipeline_run",
     "configure",
     "data_version",
+    "ex_first",
     "flat_params",
     "is_registry_uri",
     "local_model_dir",

@@ -26,6 +26,14 @@ if TYPE_CHECKING:  # a type only: importing the runner would pull in the whole e
 
 KIND = "progress_sql.kind"
 _PREVIEW = 200  # characters of a trace's request/response preview in the Traces list
+_DECIMALS = 4  # of a reward as a trace shows it (-0.1, not -0.09999999999999998); training uses the exact one
+
+
+def _shown(value: Any) -> Any:
+    """A reward (or a dict of reward components) rounded to ``_DECIMALS`` for display."""
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    return round(value, _DECIMALS) if isinstance(value, float) else value
 
 
 def _verdict(correct: bool | None, executed: bool | None = None) -> str:
@@ -61,13 +69,13 @@ def log_episodes(views: Sequence[Mapping[str, Any]]) -> int:
                   "outputs": {"output": t["output"], "feedback": t["feedback"]},
                   "attributes": {"sql": t["sql"], "executed": t["executed"], "error": t["error"],
                                  "correct": t["correct"], "odt_tags": ", ".join(t["tags"]),
-                                 "reward_so_far": t["reward_so_far"]}}
+                                 "reward_so_far": _shown(t["reward_so_far"])}}
                  for t in v["turns"]]
         _trace(f"rl step {v['step']} · {v['example_id']}",
                {"question": v["question"], "db_id": v["db_id"], "gold_sql": v["gold_sql"], "hardness": v["hardness"]},
-               {"verdict": _verdict(v["correct"]), "reward": v["reward"], "components": v["components"],
+               {"verdict": _verdict(v["correct"]), "reward": _shown(v["reward"]), "components": _shown(v["components"]),
                 "turns": len(v["turns"]), "done_reason": v["done_reason"]},
-               {"step": v["step"], "reward": v["reward"], "correct": v["correct"], "k_star": v["k_star"]},
+               {"step": v["step"], "reward": _shown(v["reward"]), "correct": v["correct"], "k_star": v["k_star"]},
                turns, {KIND: "rl", "step": str(v["step"]), "verdict": _verdict(v["correct"])})
     mlflow.flush_trace_async_logging()
     return len(views)

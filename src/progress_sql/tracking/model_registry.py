@@ -93,7 +93,7 @@ def register_model(
     when none is active), register it under ``name`` (default ``tracking.model_name``) and
     return the version number. ``metrics`` (the evaluation's) are logged on the run, so the
     version shows them, and go into the model card logged beside the model."""
-    from progress_sql.tracking.pyfunc import PolicyModel, pyfunc_requirements
+    from progress_sql.tracking.pyfunc import SIGNATURE, PolicyModel, pyfunc_requirements
 
     settings = _settings(settings)
     name = name or settings.tracking.model_name
@@ -115,6 +115,7 @@ def register_model(
                 info = mlflow.pyfunc.log_model(
                     name=MODEL_ARTIFACT,
                     python_model=PolicyModel(),
+                    signature=SIGNATURE,
                     artifacts={HF_ARTIFACT: str(model_dir), "model_card": str(card)},
                     model_config={"format": _output_format(settings),
                                   "max_new_tokens": settings.generation.max_new_tokens,
