@@ -337,6 +337,26 @@ def test_an_export_on_a_full_disk_keeps_the_previous_files(outputs: Path, tmp_pa
     assert (logs / "full.ls").read_text().split() == ["filler", "verl"]
 
 
+@needs_mounts
+def test_a_validation_on_a_full_disk_keeps_the_previous_report_pair(outputs: Path, tmp_path: Path) -> None:
+    # validation.json then validation.md were written in place: a full disk cut the new, longer report
+    # (here: offenders of a failed expectation) short under its final name
+    mnt, snap, logs = tmp_path / "disk", tmp_path / "snap", tmp_path / "logs"
+    for folder in (mnt, snap, logs):
+        folder.mkdir()
+    validate = f"{EXE} data validate --params params.yaml --no-progress --report-dir {mnt}/data"
+    script = (f"mount -t tmpfs -o size=1m tmpfs {mnt} && {validate} >/dev/null 2>{logs}/1.err && "
+              f"cp -a {mnt}/data {snap}/before && {FILL} {mnt} 0 && "
+              f"{{ {validate} --set sandbox.max_rows=1 >/dev/null 2>{logs}/full.err; echo $? >{logs}/full.rc; }}; "
+              f"ls -A {mnt} >{logs}/full.ls; cp -a {mnt}/data {snap}/full")
+    proc = in_namespace(script, outputs)
+    assert proc.returncode == 0, proc.stderr[-3000:] + "".join(p.read_text()[-2000:] for p in logs.glob("*.err"))
+    assert sorted(digest(snap / "before")) == ["validation.json", "validation.md"]
+    _one_line((logs / "full.err").read_text(), (logs / "full.rc").read_text(), f"error: cannot write {mnt}/data", FULL)
+    assert digest(snap / "full") == digest(snap / "before")
+    assert (logs / "full.ls").read_text().split() == ["data", "filler"]
+
+
 def test_a_folder_written_aside_replaces_what_the_command_owns_and_keeps_the_rest(tmp_path: Path) -> None:
     out = tmp_path / "ev"
     owned = ["metrics.json", "plots/hardness.png", "predictions"]

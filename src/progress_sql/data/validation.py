@@ -47,6 +47,7 @@ from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, Corp
                                          question_key, read_json_lines, read_text)
 from progress_sql.corpus.integrity import corpus_damage
 from progress_sql.data.generate_db import database_fingerprint
+from progress_sql.files import write_text, written_aside
 from progress_sql.sources import VARIANTS
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
 from progress_sql.sql.verdict import SEMANTICS, comparison_sql
@@ -54,6 +55,7 @@ from progress_sql.sql.verdict import SEMANTICS, comparison_sql
 REQUIRED_FIELDS = ("id", "db_id", "question", "gold_sql", "hardness")
 _EXAMPLE_FIELDS = frozenset(Example.__dataclass_fields__)
 _SHOWN_OFFENDERS = 5  # offending ids named per failed expectation
+REPORT_FILES = ("validation.json", "validation.md")  # what `data validate` writes in its report folder
 
 
 # ----------------------------------------------------------------------------- report
@@ -141,12 +143,11 @@ class ValidationReport:
         }
 
     def write(self, report_dir: Path) -> None:
-        """Write report_dir/validation.json and report_dir/validation.md."""
-        report_dir.mkdir(parents=True, exist_ok=True)
-        (report_dir / "validation.json").write_text(
-            json.dumps(self.to_dict(), indent=2, default=str) + "\n", encoding="utf-8"
-        )
-        (report_dir / "validation.md").write_text(self.summary(), encoding="utf-8")
+        """Write report_dir/validation.json and report_dir/validation.md, both or neither (a full
+        disk leaves the previous pair; ``files.written_aside``)."""
+        with written_aside(report_dir, owned=REPORT_FILES) as aside:
+            write_text(aside / "validation.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+            write_text(aside / "validation.md", self.summary())
 
 
 # ----------------------------------------------------------------------------- the table
