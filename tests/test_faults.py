@@ -357,6 +357,18 @@ def test_a_validation_on_a_full_disk_keeps_the_previous_report_pair(outputs: Pat
     assert (logs / "full.ls").read_text().split() == ["data", "filler"]
 
 
+def test_a_tracking_store_that_cannot_grow_is_one_line_naming_it(outputs: Path, tmp_path: Path) -> None:
+    # an evaluation with MLflow on under `ulimit -f`: SQLAlchemy's traceback ending "OperationalError: disk I/O
+    # error", naming no path (the store's tables are written when the stage run opens)
+    store = tmp_path / "mlruns" / "mlflow.db"
+    ev = (f"{EXE} eval --model oracle --params params.yaml --no-progress --out {tmp_path}/ev --split dev "
+          f"--set tracking.enabled=true --set tracking.tracking_uri=sqlite:///{store}")
+    proc = subprocess.run(["bash", "-c", f"ulimit -f 8; {ev}"], cwd=outputs, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    _one_line(proc.stderr, str(proc.returncode), f"error: cannot write {store}: File too large; ", ELSEWHERE)
+    assert not (tmp_path / "ev").exists()
+
+
 def test_a_folder_written_aside_replaces_what_the_command_owns_and_keeps_the_rest(tmp_path: Path) -> None:
     out = tmp_path / "ev"
     owned = ["metrics.json", "plots/hardness.png", "predictions"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +90,6 @@ POLICY_ERRORS = ("progress_sql.inference.models:PolicyLoadError", "progress_sql.
 
 
 def _imported(names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
-    import sys
-
     found = []
     for name in names:
         module, _, cls = name.partition(":")
@@ -123,12 +122,17 @@ def stage_or_exit(name: str, errors: tuple[str, ...] = (), writes: str | Path | 
     FileNotFoundError from the stage's checks, or one of ``errors`` ("module:Class"). Any other
     error while the disk holding ``writes`` (the stage's output folder) is full is that: a
     library that fails to write does not always say why (safetensors, torch). An OSError goes on
-    to ``Commands``. The stage's MLflow run is already marked FAILED when the error gets here."""
+    to ``Commands``; so does a failed write of the local MLflow store (``store_disk_error``: SQLite's
+    full disk or I/O error, named by the store's file). The stage's MLflow run is already marked
+    FAILED when the error gets here."""
     from progress_sql.files import disk_full
 
     try:
         yield
     except Exception as err:
+        tracking = sys.modules.get("progress_sql.tracking.mlflow_runs")  # loaded: MLflow may have failed
+        if tracking is not None and (failure := tracking.store_disk_error(err)) is not None:
+            raise failure from None
         if isinstance(err, (ValueError, FileNotFoundError, *_imported((*STAGE_ERRORS, *errors)))):
             typer.echo(f"error: stage {name} failed: {err}", err=True)
             raise typer.Exit(1) from None

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from progress_sql.params import Settings
-from progress_sql.files import no_stray_sqlite_folder, sqlite_path, sqlite_uri
+from progress_sql.files import disk_error, no_stray_sqlite_folder, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:  # a type only: importing the runner would pull in the whole eval stack
     from progress_sql.eval.runner import EvalResult
@@ -78,6 +78,24 @@ class TrackingError(RuntimeError):
 
 _uri_set_here: str | None = None  # the URI configure() last gave mlflow.set_tracking_uri
 _user_env_uri: str | None = None  # MLFLOW_TRACKING_URI as set outside this module
+
+
+def store_disk_error(err: BaseException) -> OSError | None:
+    """A failed write of the local tracking store (SQLite's full disk or I/O error, wrapped by
+    SQLAlchemy and MLflow) as an OSError naming the store's file (``files.disk_error``); None for
+    any other error, or a store that is not a local SQLite file."""
+    db = sqlite_path(mlflow.get_tracking_uri()) if _uri_set_here else None
+    seen: set[int] = set()
+    pending: list[BaseException] = [err]
+    while pending and db is not None:
+        e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, sqlite3.OperationalError):
+            return disk_error(e, db)
+        pending += [x for x in (e.__cause__, e.__context__, getattr(e, "orig", None)) if isinstance(x, BaseException)]
+    return None
 
 
 def tracking_uri(settings: Settings) -> str:
