@@ -88,7 +88,9 @@ def test_dk_uses_the_rule_word_without_evidence(drafts, variants):
             word = rule.phrase.replace("{noun}", "").strip()
             assert word in v.question
             assert rule.column in v.gold_sql
-        assert v.gold_sql != original.gold_sql or original.evidence
+        # a new gold, or the original's own (its evidence withheld, or its condition already the
+        # rule's, now worded by the rule alone)
+        assert v.gold_sql != original.gold_sql or original.evidence or v.question != original.question
 
 
 def test_no_variant_for_an_empty_gold(drafts):
@@ -149,8 +151,9 @@ def test_single_variant_builders_return_none_when_nothing_applies(drafts):
     sel = Select(("patient",), (Agg("COUNT"),))
     fam = FAMILY_BY_NAME["count"]
     example = make_example("x", ctx, fam, sel, "salt", hardness(render_sql(sel)), [])
-    assert example.question in ("How many patients are there?", "Count the patients.",
-                                "What is the number of patients?", "Find the total number of patients.")
+    plain = ("how many patients are there", "count the patients", "what is the number of patients",
+             "find the total number of patients")
+    assert any(q in example.question.lower() for q in plain)  # in one of the registers (Phraser.frame)
     plain_count = Draft(example, "count", sel, ctx, empty=False, salt="salt")
     assert realistic_variant(plain_count) is None
     assert dk_variant(plain_count, SETTINGS) is None

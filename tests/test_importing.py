@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import shutil
+import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from progress_sql.corpus.schema import create_database, schema_from_spider
 from progress_sql.data.importing import import_corpus
 from progress_sql.sql import hardness
 
-from conftest import SPIDER_ROWS
+from conftest import REPO, SPIDER_ROWS
 from spider_conformance import literals, read_pairs, spider_rows  # generated rows for Spider schemas
 
 # ----------------------------------------------------------------------------- the datasets
@@ -411,3 +415,71 @@ def test_the_reward_judges_by_the_examples_semantics(tmp_path, entries):
     assert verdicts == {"spider": False, "bird": True}
     with pytest.raises(ValueError, match="semantics must be one of spider, bird"):
         Example("q", "pets_1", "?", gold, "easy", semantics="wikisql")
+
+
+# ----------------------------------------------------------------------------- evaluation only
+EXE = str(Path(sys.executable).absolute().with_name("progress-sql"))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+ENV.pop("DVC_STAGE", None)
+SHOP_DEV = [  # written here: no benchmark's questions or databases
+    ("How many customers are there?", "SELECT count(*) FROM Customer"),
+    ("Which customers live in Oslo?", "SELECT Name FROM Customer WHERE City = 'Oslo'"),
+    ("What is the total amount ordered by Ann Lee?",
+     "SELECT sum(T2.Amount) FROM Customer AS T1 JOIN Orders AS T2 ON T1.CustomerID = T2.CustomerID "
+     "WHERE T1.Name = 'Ann Lee'"),
+]
+
+
+def _dev_only_spider(root: Path) -> Path:
+    """A Spider-format folder holding its dev set alone: tables.json, dev.json and
+    database/shop/shop.sqlite (no train_spider.json, no test set)."""
+    db = root / "database" / "shop" / "shop.sqlite"
+    db.parent.mkdir(parents=True)
+    con = sqlite3.connect(db)
+    con.executescript("CREATE TABLE Customer (CustomerID INTEGER PRIMARY KEY, Name TEXT, City TEXT);"
+                      "CREATE TABLE Orders (OrderID INTEGER PRIMARY KEY, CustomerID INTEGER REFERENCES "
+                      "Customer (CustomerID), Amount REAL);")
+    con.executemany("INSERT INTO Customer VALUES (?, ?, ?)", [(1, "Ann Lee", "Oslo"), (2, "Bo Kim", "Rome")])
+    con.executemany("INSERT INTO Orders VALUES (?, ?, ?)", [(1, 1, 10.5), (2, 1, 4.0), (3, 2, 7.25)])
+    con.commit()
+    con.close()
+    _write(root / "tables.json", [{
+        "db_id": "shop", "table_names_original": ["Customer", "Orders"], "table_names": ["customer", "orders"],
+        "column_names_original": [[-1, "*"], [0, "CustomerID"], [0, "Name"], [0, "City"], [1, "OrderID"],
+                                  [1, "CustomerID"], [1, "Amount"]],
+        "column_names": [[-1, "*"], [0, "customer id"], [0, "name"], [0, "city"], [1, "order id"],
+                         [1, "customer id"], [1, "amount"]],
+        "column_types": ["text", "number", "text", "text", "number", "number", "number"],
+        "primary_keys": [1, 4], "foreign_keys": [[5, 1]]}])
+    _write(root / "dev.json", [_spider_record("shop", sql, q) for q, sql in SHOP_DEV])
+    return root
+
+
+def test_a_dev_only_spider_folder_imports_into_its_own_corpus_and_evaluates(tmp_path):
+    """The README's evaluation-only commands, run as written: `data import --spider DIR` with a
+    dev.json alone (it asked for train_spider.json), into data/imported (it wrote over the
+    bundled data/corpus), then `data validate --corpus` and `eval --corpus`."""
+    spider = _dev_only_spider(tmp_path / "spider-dev")
+    params = ["--params", str(REPO / "params.yaml"), "--set", "tracking.enabled=false"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([EXE, *args, *params], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                              timeout=600)
+
+    imported = run("data", "import", "--spider", str(spider), "--no-progress")
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert "train: none, evaluation only (no train set in spider" in imported.stdout
+    assert not (tmp_path / "data" / "corpus").exists()  # the bundled corpus's folder untouched
+    layout = CorpusLayout(tmp_path / "data" / "imported")
+    manifest = json.loads(layout.manifest.read_text())
+    assert manifest["splits"]["train"]["examples"] == 0 and manifest["splits"]["dev"]["examples"] == 3
+    assert manifest["train_draw"]["evaluation_only"] is True
+    assert [ex.question for ex in read_jsonl(layout.split("dev"))] == [q for q, _ in SHOP_DEV]
+
+    validated = run("data", "validate", "--corpus", "data/imported", "--report-dir", "reports/data")
+    assert validated.returncode == 0, validated.stdout[-3000:] + validated.stderr[-3000:]
+    evaluated = run("eval", "--model", "oracle", "--corpus", "data/imported", "--split", "dev", "--out",
+                    "reports/eval-dev", "--no-progress")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((tmp_path / "reports/eval-dev/metrics.json").read_text())
+    assert metrics["dev"]["greedy"]["ex"] == 1.0

@@ -22,6 +22,7 @@ from progress_sql.cli.common import (
 from progress_sql.params import Settings
 
 app = typer.Typer(help="Corpus construction and validation.", no_args_is_help=True)
+IMPORTED = "data/imported"  # where `data import` writes, beside the bundled corpus (data.out_dir)
 
 
 @app.command("build")
@@ -39,10 +40,17 @@ def build(
         _echo_import(manifest, target)
         return
     typer.echo(f"built {target} in {manifest['build_seconds']:.1f} s (seed {manifest['seed']})")
+    catalogue, naming = manifest["catalogue"], manifest["naming"]
+    typer.echo(f"  catalogue: {catalogue['domains']} domains in {catalogue['families']} families; "
+               f"{len(manifest['databases'])} databases, {naming['messy_databases']} with messy values")
     for split, info in manifest["splits"].items():
         levels = ", ".join(f"{k} {v}" for k, v in info["hardness"].items())
-        typer.echo(f"  {split:5s} {info['examples']:5d} examples on {len(info['databases'])} databases "
-                   f"({levels}); empty gold {info['empty_gold']}, with evidence {info['with_evidence']}")
+        named = info["names_tables"]
+        typer.echo(f"  {split:5s} {info['examples']:5d} examples on {len(info['databases'])} databases in "
+                   f"{len(info['families'])} families ({levels}); empty gold {info['empty_gold']}, with evidence "
+                   f"{info['with_evidence']}; names its gold tables {named['tables']:.0%} (all {named['all']:.0%}, "
+                   f"one {named['any']:.0%})")
+    typer.echo("  naming: " + ", ".join(f"{k} {v}" for k, v in naming["cases"].items()) + " databases")
     variants = ", ".join(f"{k} {v['examples']} ({v['coverage']:.0%})" for k, v in manifest["variants"].items())
     typer.echo(f"  variants: {variants}")
     typer.echo(f"  neighbours: {sum(len(v) for v in manifest['neighbours'].values())} databases")
@@ -71,15 +79,19 @@ def import_datasets(
     test_suite: str = typer.Option(None, "--test-suite",
                                    help="Test-suite databases <db_id>/*.sqlite (default: SPIDER/test_suite_database)"),
     params: ParamsFile = "params.yaml",
-    out: str = typer.Option(None, "--out", help="Output folder (default: data.out_dir)"),
+    out: str = typer.Option(IMPORTED, "--out",
+                            help="Output folder, its own so the bundled corpus (data.out_dir) stays; the other "
+                                 "commands read it with --corpus"),
     overrides: Overrides = [],
     progress: ProgressBar = True,
     **given: str | None,
 ) -> None:
     """Import the registered dataset sources (Spider / BIRD / SynSQL-2.5M, Spider-Syn / -Realistic /
-    -DK) from their published layouts into the corpus the trainer and evaluation read; the
-    sources are only read. The options set data.source=import and data.import_*; the train split
-    draws data.mix_total examples from the union of the train sets (data.import_sampling)."""
+    -DK) from their published layouts into a corpus the trainer and evaluation read (--corpus);
+    the sources are only read. The options set data.source=import and data.import_*; the train
+    split draws data.mix_total examples from the union of the train sets (data.import_sampling).
+    A folder with its dev set alone (Spider's dev.json, BIRD's dev/) gives an evaluation-only
+    corpus: dev (and test), no train."""
     extra = {f"data.{sources.get(name).setting}": path for name, path in given.items() if path is not None}
     if test_suite is not None:
         extra["data.import_test_suite"] = test_suite

@@ -35,8 +35,11 @@ from progress_sql.data.domains import CATALOGUE, Domain
 from progress_sql.data.domains.renaming import renamed_copies
 from progress_sql.data.drafting import Draft, draw_examples
 from progress_sql.data.generate_db import database_fingerprint, generate_rows, spider_schema, write_database
+from progress_sql.data.naming import names_table
 from progress_sql.data.neighbours import query_literals, write_neighbours
+from progress_sql.data.realize import realize
 from progress_sql.data.patterns import LEVELS, DbContext
+from progress_sql.data.query import tables_of
 from progress_sql.corpus.integrity import sha256_file  # the manifest's hashes, checked by the same module
 from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, write_jsonl
 from progress_sql.sources import VARIANTS
@@ -47,27 +50,44 @@ from progress_sql.sql.sandbox import clear_connection_cache
 MANIFEST_FORMAT = 1
 # data.* settings the bundled build does not read (the import's, and where the corpus goes):
 # left out of its manifest, so the bundled corpus does not change when they do.
-NOT_BUNDLED_SETTINGS = frozenset({"out_dir", "source", "mix", "mix_total", "max_failing_gold_share"}
+NOT_BUNDLED_SETTINGS = frozenset({"out_dir", "source", "mix", "mix_total", "max_failing_gold_share",
+                                  "max_tables_named_share"}
                                  | {name for name in DataSettings.model_fields if name.startswith("import_")})
 
 
 def split_domains(settings: Settings) -> dict[str, list[Domain]]:
-    """The domains of each split: the catalogue shuffled by the seed, dev first, then test,
-    the rest train (each split sorted by name), followed in train by ``data.renamed_copies``
-    renamed copies of each train domain."""
+    """The databases of each split, as the build spells them (``realize``): the catalogue's
+    families shuffled by the seed, one domain of each of the first ``data.n_dev_databases``
+    families for dev, of the next ``data.n_test_databases`` for test; train takes the other
+    families' domains a family at a time (one of each, then a second of each, ...), followed by
+    ``data.renamed_copies`` renamed copies of each. No train database shares a family (a
+    vocabulary) with dev or test. Each split sorted by name."""
     data = settings.data
-    if data.n_databases > len(CATALOGUE):
-        raise CorpusError(
-            f"data.n_databases is {data.n_databases} but the bundled catalogue has {len(CATALOGUE)} domains"
-        )
-    order = list(CATALOGUE)
-    random.Random(f"{data.seed}:domains").shuffle(order)
-    chosen = order[: data.n_databases]
-    dev = chosen[: data.n_dev_databases]
-    test = chosen[data.n_dev_databases : data.n_dev_databases + data.n_test_databases]
-    train = sorted(chosen[data.n_dev_databases + data.n_test_databases :], key=lambda d: d.name)
+    families: dict[str, list[Domain]] = {}
+    for domain in CATALOGUE:
+        families.setdefault(domain.family_name, []).append(domain)
+    rng = random.Random(f"{data.seed}:domains")
+    order = list(families)
+    rng.shuffle(order)
+    for name in order:
+        rng.shuffle(families[name])
+    n_held = data.n_dev_databases + data.n_test_databases
+    n_train = data.n_databases - n_held
+    pool: list[Domain] = []  # the train candidates: a domain of each family, then a second of each, ...
+    for rank in range(max(map(len, families.values()))):
+        pool += [families[f][rank] for f in order[n_held:] if rank < len(families[f])]
+    if n_held > len(order) or n_train > len(pool):
+        raise CorpusError(f"data.n_databases is {data.n_databases} but the bundled catalogue has {len(CATALOGUE)} "
+                          f"domains in {len(families)} families, and dev and test take a family per database: "
+                          f"at most {n_held + len(pool)} databases with {n_held} held out")
+    dev = sorted((families[f][0] for f in order[: data.n_dev_databases]), key=lambda d: d.name)
+    test = sorted((families[f][0] for f in order[data.n_dev_databases : n_held]), key=lambda d: d.name)
+    train = sorted(pool[:n_train], key=lambda d: d.name)
     train += renamed_copies(train, data.renamed_copies, dev + test, data.seed, data.renamed_column_share)
-    return {"train": train, "dev": sorted(dev, key=lambda d: d.name), "test": sorted(test, key=lambda d: d.name)}
+
+    def spelled(domains: list[Domain]) -> list[Domain]:
+        return [realize(d, data.seed, data.naming_styles, data.messy_share, data.schema_word_share) for d in domains]
+    return {"train": spelled(train), "dev": spelled(dev), "test": spelled(test)}
 
 
 def build_corpus(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -147,6 +167,18 @@ def _build_into(layout: CorpusLayout, settings: Settings, progress: bool) -> dic
     return manifest
 
 
+def table_mentions(drafts: list[Draft]) -> dict[str, float]:
+    """How often a question names its gold query's tables (``naming.names_table``): per table
+    (``tables``: the share of a split's (question, gold table) pairs), and per question, all of
+    them (``all``) or at least one (``any``)."""
+    named = [[names_table(d.example.question, t) for t in sorted(tables_of(d.select))] for d in drafts]
+    pairs = [x for tables in named for x in tables]
+
+    def share(hits: list[bool]) -> float:
+        return round(sum(hits) / len(hits), 4) if hits else 0.0
+    return {"tables": share(pairs), "all": share([all(x) for x in named]), "any": share([any(x) for x in named])}
+
+
 def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -158,8 +190,11 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     for split in CORPUS_SPLITS:
         ds = drafts[split]
         hardness = Counter(d.example.hardness for d in ds)
+        domains = by_split["train" if split == INDOMAIN else split]
         splits[split] = {
-            "databases": [d.name for d in by_split["train" if split == INDOMAIN else split]],
+            "databases": [d.name for d in domains],
+            "families": sorted({d.family_name for d in domains}),
+            "names_tables": table_mentions(ds),
             "examples": len(ds),
             "hardness": {k: hardness.get(k, 0) for k in LEVELS},
             "empty_gold": sum(d.empty for d in ds),
@@ -170,17 +205,27 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     databases = {
         ctx.db_id: {
             "split": split,
+            "family": ctx.domain.family_name,
+            "style": ctx.domain.style,
+            "messy": ctx.domain.messy,
             "rows": {t: len(r) for t, r in ctx.rows.items()},
             "fingerprint": database_fingerprint(ctx.path),
         }
         for split in SPLITS for ctx in contexts[split]
     }
+    styles = Counter(info["style"] for info in databases.values())
     files = [layout.tables_json] + [layout.split(s) for s in CORPUS_SPLITS] + [layout.variant(v) for v in VARIANTS]
     return {
         "format": MANIFEST_FORMAT,
         "source": "bundled",
         "seed": settings.data.seed,
         "settings": settings.data.model_dump(exclude=NOT_BUNDLED_SETTINGS),
+        "catalogue": {"domains": len(CATALOGUE), "families": len({d.family_name for d in CATALOGUE})},
+        "naming": {
+            "styles": dict(sorted(styles.items())),
+            "cases": dict(sorted(Counter(style.split("+")[0] for style in styles.elements()).items())),
+            "messy_databases": sum(info["messy"] for info in databases.values()),
+        },
         "splits": splits,
         "variants": {v: {"examples": len(variants[v]), "coverage": round(coverage[v], 4)} for v in VARIANTS},
         "databases": databases,
@@ -189,4 +234,5 @@ def _manifest(layout: CorpusLayout, settings: Settings, by_split: dict[str, list
     }
 
 
-__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "split_domains"]
+__all__ = ["MANIFEST_FORMAT", "NOT_BUNDLED_SETTINGS", "build_atomically", "build_corpus", "split_domains",
+           "table_mentions"]

@@ -3,8 +3,10 @@
 Keys: ``id`` columns are numbered 1..n; a foreign key draws its parent's keys with a Zipf-like
 skew (a few parents get many children, as real data does), so GROUP BY counts vary; a table
 whose primary key is made of foreign keys (enrolments, order lines) gets distinct key tuples.
-The same seed gives the same rows: every random choice comes from one ``random.Random``
-seeded with a string (hashed with SHA-512 by Python, stable across runs and machines).
+Values are drawn clean (a date drawn after another reads it as ISO) and stored as the column
+says (``mess.store``: its format and row noise). The same seed gives the same rows: every random
+choice comes from one ``random.Random`` seeded with a string (hashed with SHA-512 by Python,
+stable across runs and machines).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from progress_sql.data.domains.spec import Column, Domain, Table, Unique
+from progress_sql.data.mess import store
+from progress_sql.data.naming import natural_name
 
 Rows = dict[str, list[tuple]]  # table name → rows, values in column order
 
@@ -75,7 +79,7 @@ def generate_rows(domain: Domain, seed: int | str, rows_scale: float = 1.0) -> R
                 if pk in seen_keys:
                     continue  # a crowded key space: draw a whole new row
                 seen_keys.add(pk)
-            out.append(tuple(row[c.name] for c in table.columns))
+            out.append(tuple(store(c, row[c.name], rng) for c in table.columns))
         rows[table.name] = out
         if not key_is_refs:
             keys[table.name] = [r[_index(table, table.primary_key[0])] for r in out]
@@ -148,7 +152,9 @@ def write_database(path: Path, domain: Domain, rows: Rows) -> None:
 
 
 def spider_schema(domain: Domain, db_id: str | None = None) -> dict:
-    """The Spider ``tables.json`` entry of ``domain`` (composite keys as nested lists)."""
+    """The Spider ``tables.json`` entry of ``domain`` (composite keys as nested lists). Its
+    natural names are Spider's: the words of the names (``Song_release_year``: "song release
+    year"), not the questions' nouns, which a real schema does not ship."""
     names_original: list[list] = [[-1, "*"]]
     names: list[list] = [[-1, "*"]]
     types = ["text"]
@@ -157,7 +163,7 @@ def spider_schema(domain: Domain, db_id: str | None = None) -> dict:
         for col in table.columns:
             index[(table.name, col.name)] = len(names_original)
             names_original.append([ti, col.name])
-            names.append([ti, col.noun.lower()])
+            names.append([ti, natural_name(col.name)])
             types.append("time" if col.kind == "date" else "number" if col.sqltype != "TEXT" else "text")
     primary: list = []
     foreign: list[list[int]] = []
@@ -169,7 +175,7 @@ def spider_schema(domain: Domain, db_id: str | None = None) -> dict:
     return {
         "db_id": db_id or domain.name,
         "table_names_original": [t.name for t in domain.tables],
-        "table_names": [t.singular for t in domain.tables],
+        "table_names": [natural_name(t.name) for t in domain.tables],
         "column_names_original": names_original,
         "column_names": names,
         "column_types": types,

@@ -11,7 +11,8 @@ neighbours of the dev/test databases.
 What the corpus gets:
 
 - train: ``data.mix_total`` examples drawn from the union of the given train sets
-  (``data.import_train``), seeded by ``data.seed``: uniformly over the union
+  (``data.import_train``; a folder with the dev set alone gives none, and without any the
+  corpus is evaluation-only: train empty, ``train_draw.evaluation_only``), seeded by ``data.seed``: uniformly over the union
   (``data.import_sampling: random``, progress-sql.md Appendix B) or by the fixed shares
   ``data.mix`` (``shares``). SynSQL is drawn by record position, so only the drawn records are
   converted. A drawn example whose gold fails on its database (an SQLite error, or no result
@@ -162,17 +163,14 @@ class _Importer:
         return loaded.records
 
     def _train_sets(self) -> dict[str, TrainSet]:
-        """The train sets ``data.import_train`` names, of those given (one read whole is
-        accepted here, before the draw)."""
+        """The train sets ``data.import_train`` names, of those given whose folder holds one (a
+        folder with a dev set alone gives none; one read whole is accepted here, before the draw)."""
         train_sets: dict[str, TrainSet] = {}
         for name in self.data.import_train:
-            if name in self.datasets:
+            if name in self.datasets and sources.get(name).train_in(self.datasets[name]):
                 train_sets[name] = sources.get(name).train(self.datasets[name])
                 if train_sets[name].whole is not None:
                     self._accept(train_sets[name].whole, name)
-        if not train_sets:
-            raise CorpusError(f"no train set: data.import_train is {list(self.data.import_train)} but only "
-                              f"{', '.join(sorted(self.datasets))} given")
         return train_sets
 
     def _eval_sets(self) -> tuple[list[Loaded], list[Loaded]]:
@@ -204,6 +202,12 @@ class _Importer:
         train_sets = self._train_sets()
         names = sorted(train_sets)
         sizes = {name: train_sets[name].size for name in names}
+        if not train_sets:  # an evaluation-only import
+            self.draw = {"sampling": data.import_sampling, "total": 0, "available": {}, "planned": None,
+                         "examined": 0, "drawn": {}, "evaluation_only": True}
+            log.warning("import: no train set in %s (data.import_train: %s): an evaluation-only corpus, train empty",
+                        ", ".join(sorted(self.datasets)), ", ".join(data.import_train))
+            return []
         if data.import_sampling == "random":
             plan = None
             streams = [(data.mix_total, _Order(names, [sizes[n] for n in names], f"{data.seed}:import:union"))]
@@ -490,7 +494,11 @@ def summary_lines(manifest: dict[str, Any], out: str | Path) -> list[str]:
                      f"({levels}; semantics {sems})")
     available = ", ".join(f"{k} {v}" for k, v in draw["available"].items())
     drawn = ", ".join(f"{k} {v}" for k, v in draw["drawn"].items())
-    lines.append(f"  train drawn ({draw['sampling']}, {draw['total']} asked) from {available}: {drawn}")
+    if draw.get("evaluation_only"):
+        lines.append(f"  train: none, evaluation only (no train set in {', '.join(manifest['datasets'])}; "
+                     "dev and test for `eval --corpus`)")
+    else:
+        lines.append(f"  train drawn ({draw['sampling']}, {draw['total']} asked) from {available}: {drawn}")
     lines.append("  variants: " + ", ".join(f"{k} {v['examples']}" for k, v in manifest["variants"].items()))
     lines.append(f"  test-suite neighbours: {sum(len(v) for v in manifest['neighbours'].values())} databases "
                  f"for {len(manifest['neighbours'])} databases")

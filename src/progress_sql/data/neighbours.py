@@ -21,7 +21,6 @@ from __future__ import annotations
 import random
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import date, timedelta
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -30,6 +29,7 @@ from sqlglot import exp
 from progress_sql.params import Settings
 from progress_sql.data.domains.spec import Column, Domain
 from progress_sql.data.generate_db import Rows, parent_sampler, ref_value, write_database
+from progress_sql.data.mess import shift_date
 from progress_sql.data.query import Col, Select, all_conds
 from progress_sql.corpus.records import CorpusLayout, read_jsonl
 from progress_sql.sql import GoldCache, SQLParseError, execution_match, parse_one, test_suite_match
@@ -41,7 +41,7 @@ _REDRAWS = 12  # attempts at a distinct key tuple before dropping the row
 # ----------------------------------------------------------------------------- fuzzing
 def _perturb(col: Column, value: object, rng: random.Random) -> object:
     if col.kind == "date" and isinstance(value, str):
-        return (date.fromisoformat(value) + timedelta(days=rng.randint(-60, 60))).isoformat()
+        return shift_date(col, value, rng.randint(-60, 60))  # in the column's own format
     if col.kind == "year" and isinstance(value, int):
         return value + rng.randint(-3, 3)
     if isinstance(value, bool) or not isinstance(value, (int, float)):

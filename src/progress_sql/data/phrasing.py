@@ -2,21 +2,27 @@
 
 One ``Phraser`` renders one question in one style:
 
-- ``plain``: the schema's own nouns and explicit column mentions ("students whose age is
-  above 20"), as Spider's questions are written;
-- ``syn``: each table and column noun replaced by a synonym from the catalogue where it has one
-  ("pupils whose age is above 20"); the swaps are recorded in ``swaps``;
+- ``plain``: a table's or column's schema word (the noun its name was built from) a
+  ``schema_word_share`` of the time, else one of its synonyms or, where the catalogue knows
+  one, an implicit wording ("students older than 20"); explicit column mentions otherwise
+  ("students whose age is above 20"). The catalogue's own domains have a share of 1: the
+  schema's nouns, as Spider's questions are mostly written;
+- ``syn``: each table and column noun replaced by another synonym than the plain question's,
+  where it has one ("pupils whose age is above 20"); the swaps are recorded in ``swaps``;
 - ``realistic``: column mentions left implicit where the catalogue knows how ("students
   older than 20"; "the names of students" becomes "the students"); the nouns dropped are
   recorded in ``implicit``.
 
 Every choice between equivalent wordings goes through ``pick(key, options)``, a hash of the
 example's salt and the key, so the three styles of one example choose the same template and
-differ only in the words the style changes.
+differ only in the words the style changes. A sentence is said in one of a few registers
+(``frame``: "Could you list ...?", "Quick question: what ...?"), as OmniSQL's questions come
+in several language styles.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import Sequence, TypeVar
 
@@ -27,6 +33,13 @@ T = TypeVar("T")
 STYLES = ("plain", "syn", "realistic")
 
 VERBS = ("List", "Show", "Give", "Find", "Return", "Display", "Tell me", "Get")
+# Registers of a sentence: {s} the sentence, {l} it lower-cased at the start without its final
+# stop. A command is framed only when it opens with a verb (not "I want ...").
+_COMMAND_FRAMES = ("{s}", "{s}", "{s}", "{s}", "Please {l}.", "Could you {l}?", "Can you {l}?",
+                   "I need you to {l}.", "I'd like you to {l}.")
+_QUESTION_FRAMES = ("{s}", "{s}", "{s}", "{s}", "Quick question: {l}?", "I'd like to know: {l}?",
+                    "Tell me, {l}?", "Out of curiosity, {l}?")
+_COMMAND_OPENINGS = frozenset(v.split()[0] for v in VERBS) | {"Count"}
 AGG_WORDS = {
     "AVG": ("average", "mean"),
     "MAX": ("highest", "maximum", "largest"),
@@ -76,6 +89,13 @@ def pluralize(noun: str) -> str:
     return noun + "s"
 
 
+def mentions(text: str, phrase: str) -> int:
+    """How often ``phrase`` or its plural occurs in ``text`` as whole words (case-insensitive)."""
+    forms = sorted({phrase.lower(), pluralize(phrase).lower()}, key=len, reverse=True)
+    pattern = "|".join(re.escape(f) for f in forms)
+    return len(re.findall(rf"(?<![\w-])(?:{pattern})(?![\w-])", text.lower()))
+
+
 def format_value(col: Column, value: object) -> str:
     """A value as a question writes it: numbers without trailing zeros, titles quoted."""
     if isinstance(value, float):
@@ -108,27 +128,48 @@ class Phraser:
     def pick(self, key: str, options: Sequence[T]) -> T:
         return options[zlib.crc32(f"{self.salt}|{key}".encode()) % len(options)]
 
+    def _schema_word(self, key: str) -> bool:
+        """Whether the plain question uses the schema's word here (``schema_word_share`` of keys)."""
+        return zlib.crc32(f"{self.salt}|word|{key}".encode()) / 2**32 < self.domain.schema_word_share
+
     def verb(self, key: str = "verb") -> str:
         return self.pick(key, VERBS)
 
+    def frame(self, text: str, question: bool) -> str:
+        """``text`` (a sentence) in one of the registers (module notes)."""
+        if not question and text.split()[0] not in _COMMAND_OPENINGS:
+            return text
+        fmt = self.pick("frame", _QUESTION_FRAMES if question else _COMMAND_FRAMES)
+        return fmt.format(s=text, l=text[0].lower() + text[1:].rstrip(".?"))
+
     # -- nouns
+    def _forms(self, key: str, n: int) -> tuple[int, int]:
+        """Which of ``n`` forms of a noun (the schema word first) the plain question uses, and
+        which this style uses: the same, or in the syn style another synonym where there is one."""
+        chosen = 0
+        if n > 1 and not self._schema_word(key):
+            chosen = 1 + self.pick(f"alt:{key}", range(n - 1))
+        others = [k for k in range(1, n) if k != chosen]
+        if self.style == "syn" and others:
+            return chosen, self.pick(f"syn:{key}", others)
+        return chosen, chosen
+
     def noun(self, table: str, plural: bool = True) -> str:
         t = self.domain.table(table)
-        word = t.plural if plural else t.singular
-        if self.style == "syn" and t.synonyms:
-            sing, plur = self.pick(f"syn:t:{table}", t.synonyms)
-            swap = plur if plural else sing
-            self._swap(word, swap)
-            return swap
+        forms = [(t.plural, t.singular), *((p, s) for s, p in t.synonyms)]
+        plain, used = self._forms(f"t:{table}", len(forms))
+        word = forms[used][0 if plural else 1]
+        if used != plain:
+            self._swap(forms[plain][0 if plural else 1], word)
         return word
 
     def col(self, table: str, column: str, plural: bool = False) -> str:
         c = self.domain.table(table).column(column)
-        word = c.noun
-        if self.style == "syn" and c.synonyms:
-            word = self.pick(f"syn:c:{table}.{column}", c.synonyms)
-            self._swap(c.noun, word)
-        return pluralize(word) if plural else word
+        forms = (c.noun, *c.synonyms)
+        plain, used = self._forms(f"c:{table}.{column}", len(forms))
+        if used != plain:
+            self._swap(forms[plain], forms[used])
+        return pluralize(forms[used]) if plural else forms[used]
 
     def _swap(self, word: str, synonym: str) -> None:
         if (word, synonym) not in self.swaps:
@@ -162,9 +203,13 @@ class Phraser:
         return fmt.format(c=c, v=self.value(table, column.name, cond.value))
 
     def _implicit(self, table: str, cond: Cond) -> str | None:
-        if self.style != "realistic" or not isinstance(cond.left, Col):
+        """The implicit wording of a condition: always in the realistic style, as often as the
+        schema word is not used in the others."""
+        if not isinstance(cond.left, Col):
             return None
         column = self.domain.table(table).column(cond.left.name)
+        if self.style != "realistic" and self._schema_word(f"i:{table}.{column.name}"):
+            return None
         return column.implicit.get(cond.op)
 
     def np(self, table: str, conds: Sequence[Cond] = (), conj: str = "AND", plural: bool = True,
@@ -197,9 +242,11 @@ class Phraser:
 
     def head(self, table: str, columns: Sequence[str], np: str, det: str = "", plural: bool = True) -> str:
         """"the names of {det}{np}" (singular column nouns when ``plural`` is False); the
-        realistic style drops a lone label column: "the students ..." or "{det}{np}"."""
+        realistic style drops a lone label column ("the students ..." or "{det}{np}"), the
+        others as often as they do not use the schema's word."""
         label = self.domain.table(table).label
-        if self.style == "realistic" and label is not None and list(columns) == [label.name]:
+        implied = self.style == "realistic" or not self._schema_word(f"h:{table}")
+        if implied and label is not None and list(columns) == [label.name]:
             self.implicit.append(label.noun)
             return f"{det}{np}" if det else f"the {np}"
         if len(columns) == 1:

@@ -179,6 +179,17 @@ def map_conds(sel: Select, fn: Callable[[Select, Cond], Cond]) -> Select:
     return replace(sel, where=tuple(where), other=other)
 
 
+def tables_of(sel: Select) -> set[str]:
+    """Every table the query reads, nested queries and both sides of a set operation included."""
+    found = set(sel.tables)
+    for _, cond in all_conds(sel):
+        if isinstance(cond.value, Select):
+            found |= tables_of(cond.value)
+    if sel.other is not None:
+        found |= tables_of(sel.other)
+    return found
+
+
 def all_conds(sel: Select) -> list[tuple[Select, Cond]]:
     """Every WHERE condition with the Select that holds it, outer query first."""
     out: list[tuple[Select, Cond]] = []

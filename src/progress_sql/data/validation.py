@@ -17,6 +17,16 @@ suite, with two differences: a gold may fail on its database in at most
 dropped those of train and kept those of dev/test), and the test split may be empty when no
 dataset gave one. The report counts the golds the import dropped (``import_report.json``).
 
+An evaluation-only import (a dataset folder with its dev set alone: ``train_draw.evaluation_only``)
+has an empty train split, which the suite then does not require.
+
+A bundled corpus whose manifest records its realism (``catalogue``, each database's ``family``:
+issue 51) gets four checks more: no family (a vocabulary) of dev or test reaches another split;
+every table and column name of its databases is a plain identifier (nothing a gold must quote);
+every text a gold compares (``=``, ``IN``, ``LIKE``) is written in its question or evidence (the
+messy values stay answerable; the DK variant's rule values excepted: they are its point); and
+at most ``data.max_tables_named_share`` of its questions name every table their gold reads.
+
 The in-domain split (``indomain.jsonl``, optional: an import and an older corpus have none or
 an empty one) shares the train databases by design: it is left out of the disjointness check,
 and two checks of its own hold instead: its databases are train databases, and none of its
@@ -41,12 +51,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from sqlglot import exp
 
 from progress_sql.params import Settings
 from progress_sql.corpus.records import (HARDNESS_LEVELS, INDOMAIN, SPLITS, CorpusError, CorpusLayout, Example,
                                          question_key, read_json_lines, read_text)
 from progress_sql.corpus.integrity import corpus_damage
+from progress_sql.corpus.schema import quote_identifier, read_tables_json
 from progress_sql.data.generate_db import database_fingerprint
+from progress_sql.data.naming import names_table
 from progress_sql.files import write_text, written_aside
 from progress_sql.sources import VARIANTS
 from progress_sql.sql import SQLParseError, SQLPool, parse_one
@@ -160,6 +173,7 @@ def _read_rows(path: Path, part: str) -> list[dict[str, Any]]:
             for key in REQUIRED_FIELDS
         }
         row["semantics"] = obj.get("semantics", "spider")  # written only when not "spider"
+        row["evidence"] = obj.get("evidence") if isinstance(obj.get("evidence"), str) else ""
         extra = sorted(set(obj) - _EXAMPLE_FIELDS)
         row.update(part=part, is_variant=part in VARIANTS, extra_fields=", ".join(extra) if extra else None)
         rows.append(row)
@@ -183,7 +197,8 @@ def corpus_frame(corpus_dir: Path, settings: Settings) -> pd.DataFrame:
     (variants share their original's gold).
     """
     layout = CorpusLayout(Path(corpus_dir))
-    df = pd.DataFrame(_corpus_rows(layout), columns=[*REQUIRED_FIELDS, "semantics", "part", "is_variant", "extra_fields"])
+    df = pd.DataFrame(_corpus_rows(layout),
+                      columns=[*REQUIRED_FIELDS, "semantics", "evidence", "part", "is_variant", "extra_fields"])
     _add_gold_columns(df, layout, settings)
     _add_split_columns(df)
     return df
@@ -258,6 +273,56 @@ def _add_split_columns(df: pd.DataFrame) -> None:
     ]
 
 
+def _realism(manifest: dict[str, Any] | None) -> bool:
+    """Whether the corpus is a bundled one whose manifest records its realism (issue 51)."""
+    return bool(manifest) and manifest.get("source") == "bundled" and "catalogue" in manifest
+
+
+def _add_realism_columns(df: pd.DataFrame, layout: CorpusLayout, manifest: dict[str, Any]) -> None:
+    """The columns of the bundled corpus's realism checks (module notes); NaN / None where a row
+    is not checked."""
+    family = {db: info.get("family") for db, info in (manifest.get("databases") or {}).items()}
+    df["family"] = [family.get(db) for db in df["db_id"]]
+    main = df["part"].isin(SPLITS) & df["family"].notna()
+    parts_per_family = df[main].groupby("family")["part"].nunique()
+    df["family_split_count"] = [float(parts_per_family[f]) if m else math.nan for f, m in zip(df["family"], main)]
+    schemas = read_tables_json(layout.tables_json) if layout.tables_json.is_file() else {}
+    plain = {db: all(quote_identifier(n) == n for t in schema.tables for n in (t.name, *(c.name for c in t.columns)))
+             for db, schema in schemas.items()}
+    df["names_plain"] = [plain.get(db) for db in df["db_id"]]
+    asked = df["part"].isin((*SPLITS, INDOMAIN))
+    df["gold_tables_named"] = [_all_tables_named(q, sql) if a else math.nan
+                               for q, sql, a in zip(df["question"], df["gold_sql"], asked)]
+    df["values_in_question"] = [
+        None if part == "dk" or not isinstance(sql, str) else
+        all(v in f"{q} {e}" for v in _compared_texts(sql))
+        for part, q, e, sql in zip(df["part"], df["question"], df["evidence"], df["gold_sql"])
+    ]
+
+
+def _all_tables_named(question: Any, sql: Any) -> float:
+    """1.0 when the question names every table the gold reads (``naming.names_table``); NaN
+    when there is no question or the gold does not parse."""
+    try:
+        tables = {t.name for t in parse_one(sql).find_all(exp.Table)} if isinstance(question, str) else None
+    except SQLParseError:
+        tables = None
+    return math.nan if not tables else float(all(names_table(question, t) for t in tables))
+
+
+def _compared_texts(sql: str) -> list[str]:
+    """The text literals a query compares a column with (``=``, ``!=``, ``IN``, ``LIKE`` less its %)."""
+    try:
+        tree = parse_one(sql)
+    except SQLParseError:
+        return []
+    texts = []
+    for node in tree.find_all(exp.EQ, exp.NEQ, exp.In, exp.Like):
+        values = node.expressions if isinstance(node, exp.In) else [node.expression]
+        texts += [v.this.strip("%") for v in values if isinstance(v, exp.Literal) and v.is_string]
+    return [t for t in texts if t]
+
+
 def _execute(layout: CorpusLayout, pairs: list[tuple[str, str]], settings: Settings) -> list:
     if not pairs:
         return []
@@ -288,8 +353,10 @@ def _suite(gx: Any, settings: Settings, manifest: dict[str, Any] | None = None) 
     min_nonempty = 1.0 - settings.data.max_empty_gold_share
     imported = bool(manifest) and manifest.get("source") == "import"
     parts = list(SPLITS)
-    if imported:  # no dataset may have given a test set
-        parts = [s for s in SPLITS if s != "test" or manifest.get("splits", {}).get("test", {}).get("examples")]
+    if imported:  # no dataset may have given a test set, nor (evaluation only) a train set
+        evaluation_only = (manifest.get("train_draw") or {}).get("evaluation_only", False)
+        parts = [s for s in SPLITS if (s != "test" or manifest.get("splits", {}).get("test", {}).get("examples"))
+                 and (s != "train" or not evaluation_only)]
     timeout = settings.data.gold_timeout_s
     if imported:
         max_failing = settings.data.max_failing_gold_share
@@ -333,11 +400,30 @@ def _suite(gx: Any, settings: Settings, manifest: dict[str, Any] | None = None) 
         (_Check("in-domain examples repeat no train gold SQL or question", "indomain_repeats_train"),
          E.ExpectColumnValuesToBeInSet(column="indomain_repeats_train", value_set=[False])),
     ]
+    if _realism(manifest):
+        specs += _realism_specs(E, settings)
     suite = gx.ExpectationSuite(name="progress_sql_corpus")
     for check, expectation in specs:
         expectation.meta = {"name": check.name}
         suite.add_expectation(expectation)
     return suite, [check for check, _ in specs]
+
+
+def _realism_specs(E: Any, settings: Settings) -> list[tuple[_Check, Any]]:
+    """The bundled corpus's realism checks (module notes)."""
+    most = settings.data.max_tables_named_share
+    return [
+        (_Check("dev and test share no family (vocabulary) with another split", "family_split_count",
+                offender_column="db_id"),
+         E.ExpectColumnValuesToBeInSet(column="family_split_count", value_set=[1.0])),
+        (_Check("table and column names are plain identifiers (a gold quotes none)", "names_plain",
+                offender_column="db_id"),
+         E.ExpectColumnValuesToBeInSet(column="names_plain", value_set=[True])),
+        (_Check("every text a gold compares is written in its question or evidence", "values_in_question"),
+         E.ExpectColumnValuesToBeInSet(column="values_in_question", value_set=[True])),
+        (_Check(f"at most {most:.0%} of questions name every table their gold reads", "gold_tables_named"),
+         E.ExpectColumnMeanToBeBetween(column="gold_tables_named", min_value=0.0, max_value=most)),
+    ]
 
 
 @lru_cache(maxsize=1)
@@ -366,7 +452,7 @@ def _offenders(check: _Check, bad: pd.DataFrame, df: pd.DataFrame) -> tuple[str,
     if check.offender_column == "db_id":
         names = []
         # The split check counts train/dev/test only, so only those are named for it.
-        scope = df[~df["is_variant"]] if check.column == "db_split_count" else df
+        scope = df[~df["is_variant"]] if check.column in ("db_split_count", "family_split_count") else df
         for db in dict.fromkeys(bad["db_id"]):
             parts = dict.fromkeys(scope.loc[scope["db_id"] == db, "part"])
             names.append(f"{db} in {'+'.join(parts)}")
@@ -396,6 +482,9 @@ def _outcome(check: _Check, result: Any, df: pd.DataFrame) -> ExpectationOutcome
         observed = f"{len(failing)} of {len(df)} rows fail"
         offenders = tuple(f"{i} ({str(e).split(':')[0]})" for i, e in
                           zip(failing["id"][:_SHOWN_OFFENDERS], failing["gold_error"][:_SHOWN_OFFENDERS]))
+    elif check.column == "gold_tables_named":
+        mean = res.get("observed_value")
+        observed = "no question checked" if mean is None or pd.isna(mean) else f"share {float(mean):.3f}"
     else:  # the non-empty share
         mean = res.get("observed_value")
         observed = "no gold executed" if mean is None or pd.isna(mean) else f"share {float(mean):.3f}"
@@ -440,6 +529,8 @@ def validate_corpus(corpus_dir: Path, settings: Settings, report_dir: Path) -> V
     integrity = _integrity_outcomes(layout)
     df = corpus_frame(corpus_dir, settings)
     manifest = _read_json(layout.manifest) if layout.manifest.is_file() else None
+    if _realism(manifest):
+        _add_realism_columns(df, layout, manifest)
     imported = None
     if manifest and manifest.get("source") == "import":
         imported = _read_json(layout.import_report) if layout.import_report.is_file() else None

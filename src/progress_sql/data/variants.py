@@ -30,24 +30,16 @@ Originals whose gold result is empty get no variants: every variant gold returns
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from progress_sql.params import Settings
 from progress_sql.data.drafting import Draft, apply_dk_rules, make_example, run_gold
 from progress_sql.data.patterns import ask
-from progress_sql.data.phrasing import pluralize
+from progress_sql.data.phrasing import mentions
 from progress_sql.data.query import render_sql
 from progress_sql.corpus.records import Example
 from progress_sql.sources import VARIANTS
 from progress_sql.sql import hardness
-
-
-def mentions(text: str, phrase: str) -> int:
-    """How often ``phrase`` or its plural occurs in ``text`` as whole words (case-insensitive)."""
-    forms = sorted({phrase.lower(), pluralize(phrase).lower()}, key=len, reverse=True)
-    pattern = "|".join(re.escape(f) for f in forms)
-    return len(re.findall(rf"(?<![\w-])(?:{pattern})(?![\w-])", text.lower()))
 
 
 def syn_variant(draft: Draft) -> Example | None:

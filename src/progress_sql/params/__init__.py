@@ -40,6 +40,7 @@ from progress_sql.params.settings import (
     LoRASettings,
     MixRatios,
     ModelSettings,
+    NAMING_CASES,
     ODTSettings,
     Registered,
     RewardSettings,
@@ -58,7 +59,8 @@ from progress_sql.params.settings import (
 from progress_sql.params.yaml_files import yaml_load
 
 __all__ = [
-    "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NO_PRESET", "PACKAGE_CONFIGS", "PRESETS_SUBDIR",
+    "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NAMING_CASES", "NO_PRESET", "PACKAGE_CONFIGS",
+    "PRESETS_SUBDIR",
     "Algorithm", "CompareSettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
     "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLAsyncSettings",
     "RLSettings", "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError",

@@ -101,13 +101,19 @@ MixRatios = create_model(
 )
 
 
-class HardnessMix(_Section):
-    """Target shares of Spider hardness levels in each bundled split (normalised when drawn)."""
+# How the words of a bundled database's names join (data.naming): release_year, releaseYear,
+# ReleaseYear, RELEASE_YEAR, Release_year.
+NAMING_CASES = ("snake", "camel", "pascal", "upper", "capitalised")
 
-    easy: float = Field(0.25, ge=0.0)
-    medium: float = Field(0.35, ge=0.0)
-    hard: float = Field(0.20, ge=0.0)
-    extra: float = Field(0.20, ge=0.0)
+
+class HardnessMix(_Section):
+    """Target shares of Spider hardness levels in each bundled split (normalised when drawn);
+    the defaults are Spider dev's (248 easy, 446 medium, 174 hard, 166 extra of 1,034)."""
+
+    easy: float = Field(0.24, ge=0.0)
+    medium: float = Field(0.43, ge=0.0)
+    hard: float = Field(0.17, ge=0.0)
+    extra: float = Field(0.16, ge=0.0)
 
     @model_validator(mode="after")
     def _positive_total(self) -> "HardnessMix":
@@ -141,6 +147,14 @@ class _DataSettings(_Section):
     fuzz_rows: float = Field(0.2, ge=0.0, le=0.9)  # neighbour row count within ±this share
     renamed_copies: int = Field(0, ge=0, le=20)  # renamed copies of each train database (data.domains.renaming)
     renamed_column_share: float = Field(0.5, ge=0.0, le=1.0)  # value columns a copy renames
+    # How a bundled database spells its names and values (data.naming, data.mess): the word
+    # cases drawn from per database, the share of databases with messy values, and how often a
+    # question uses a table's or column's own schema word rather than a synonym or an implicit wording.
+    naming_styles: list[Literal[NAMING_CASES]] = Field(default_factory=lambda: list(NAMING_CASES), min_length=1)
+    messy_share: float = Field(0.5, ge=0.0, le=1.0)
+    schema_word_share: float = Field(0.6, ge=0.0, le=1.0)
+    # data validate: a bundled corpus fails when more of its questions name every table of their gold
+    max_tables_named_share: float = Field(0.7, ge=0.0, le=1.0)
     # Where the corpus comes from: bundled (generated from data.seed) or import (datasets on disk,
     # progress_sql.data.importing). An import reads the folders data.import_<source> name ("": not
     # given; one per registered source, added below), read-only.

@@ -58,6 +58,13 @@ class DatasetSource:
     read_variant: Callable[[Path, Mapping[str, Path]], LoadResult] | None = None
     share: float = 0.0  # data.mix.<name>: its default share of a train draw by fixed shares
     test_suite: str = ""  # the folder of its root holding test-suite databases <db_id>/*.sqlite
+    # whether a folder holds the train set: one with the dev set alone (an evaluation-only copy)
+    # gives the import no train examples; None: the train set is all the source is (SynSQL)
+    holds_train: Callable[[Path], bool] | None = None
+
+    def train_in(self, root: Path) -> bool:
+        """Whether ``root`` gives a train set (``train`` is read from it)."""
+        return self.train is not None and (self.holds_train is None or self.holds_train(root))
 
     @property
     def setting(self) -> str:

@@ -32,6 +32,11 @@ def bird_split_dir(root: Path, split: str) -> Path:
     raise CorpusError(f"{root / split / f'{split}.json'}: file not found (nor {root / f'{split}.json'})")
 
 
+def has_bird_split(root: Path, split: str) -> bool:
+    """Whether ``root`` holds ``<split>.json`` (itself or under ``<split>/``)."""
+    return any((folder / f"{split}.json").is_file() for folder in (Path(root) / split, Path(root)))
+
+
 def bird_database_path(root: Path, split: str, db_id: str) -> Path:
     """Where BIRD keeps the SQLite file of ``db_id``: ``<split>_databases/<db_id>/<db_id>.sqlite``."""
     return bird_split_dir(root, split) / f"{split}_databases" / db_id / f"{db_id}.sqlite"
@@ -67,4 +72,5 @@ SOURCE = DatasetSource(
     train=lambda root: TrainSet.read_at_once(load_bird(root, "train")),
     evaluation=lambda root: {"dev": load_bird(root, "dev")},
     share=0.4,
+    holds_train=lambda root: has_bird_split(root, "train"),
 )

@@ -77,4 +77,5 @@ SOURCE = DatasetSource(
     evaluation=_evaluation,
     share=0.3,
     test_suite="test_suite_database",
+    holds_train=lambda root: (Path(root) / _LAYOUT["train"][0][0]).is_file(),  # train_spider.json
 )

@@ -78,13 +78,23 @@ def rename_domain(domain: Domain, name: str, rng: random.Random, pool: Sequence[
             else:
                 cmap[c.name] = _fresh_name(words, rng, two_word_share=0.4)
         columns[t.name] = cmap
-    renamed = Domain(
-        name,
-        tuple(_rename_table(t, tables, columns[t.name]) for t in domain.tables),
-        tuple(_rename_rule(r, tables, columns) for r in domain.dk_rules),
+    copy = renamed(replace(domain, name=name, family=domain.family_name), tables, columns)
+    copy.check()
+    return copy
+
+
+def renamed(domain: Domain, tables: dict[str, str], columns: dict[str, dict[str, str]],
+            nouns: dict[str, tuple[tuple[str, str], ...]] | None = None) -> Domain:
+    """``domain`` under new table and column names: keys, foreign keys, rules and the dates drawn
+    after another column follow. Without ``nouns`` the questions follow the names (a renamed
+    copy); with them each table is called by its nouns there (the first its schema word, the
+    others its synonyms) and the columns keep their nouns (a database's physical names)."""
+    return replace(
+        domain,
+        tables=tuple(_rename_table(t, tables, columns[t.name], None if nouns is None else nouns[t.name])
+                     for t in domain.tables),
+        dk_rules=tuple(_rename_rule(r, tables, columns) for r in domain.dk_rules),
     )
-    renamed.check()
-    return renamed
 
 
 def _fresh_words(rng: random.Random, pool: list[str]) -> Iterator[str]:
@@ -109,12 +119,14 @@ def _ref_name(col: Column, parent_key: str, tables: dict[str, str]) -> str:
     return col.name
 
 
-def _rename_table(t: Table, tables: dict[str, str], cmap: dict[str, str]) -> Table:
+def _rename_table(t: Table, tables: dict[str, str], cmap: dict[str, str],
+                  nouns: tuple[tuple[str, str], ...] | None) -> Table:
     new = tables[t.name]
     cols = []
     for c in t.columns:
-        fresh = cmap[c.name] != c.name and c.kind not in ("id", "ref")  # a value column given a new word
-        if c.kind == "ref":
+        # a value column given a new word, when the questions follow the names
+        fresh = nouns is None and cmap[c.name] != c.name and c.kind not in ("id", "ref")
+        if c.kind == "ref" and nouns is None:
             noun = tables[c.ref].replace("_", " ")  # a foreign key is called by its parent
         else:
             noun = cmap[c.name].replace("_", " ") if fresh else c.noun
@@ -124,9 +136,13 @@ def _rename_table(t: Table, tables: dict[str, str], cmap: dict[str, str]) -> Tab
             ref=tables[c.ref] if c.ref else "",
             differs_from=cmap[c.differs_from] if c.differs_from else "",
         ))
-    singular = new.replace("_", " ")
-    return replace(t, name=new, singular=singular, plural=_plural_phrase(singular), columns=tuple(cols),
-                   primary_key=tuple(cmap[k] for k in t.primary_key), synonyms=())
+    if nouns is not None:
+        (singular, plural_), *others = nouns
+        words = dict(singular=singular, plural=plural_, synonyms=tuple(others))
+    else:
+        singular = new.replace("_", " ")
+        words = dict(singular=singular, plural=_plural_phrase(singular), synonyms=())
+    return replace(t, name=new, columns=tuple(cols), primary_key=tuple(cmap[k] for k in t.primary_key), **words)
 
 
 def _plural_phrase(phrase: str) -> str:
@@ -140,4 +156,4 @@ def _rename_rule(rule: DKRule, tables: dict[str, str], columns: dict[str, dict[s
     return replace(rule, table=tables[rule.table], column=new_col, evidence=evidence)
 
 
-__all__ = ["domain_words", "plural", "rename_domain", "rename_pool", "renamed_copies"]
+__all__ = ["domain_words", "plural", "rename_domain", "rename_pool", "renamed", "renamed_copies"]

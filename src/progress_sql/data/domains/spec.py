@@ -19,8 +19,9 @@ from progress_sql.data.domains import vocab
 # Column kinds: how a column may be used by the SQL patterns.
 #   id: primary key; ref: foreign key; label: the human name of a row (name, title);
 #   category: a few distinct text values; number: a measure; year: an integer year;
-#   date: ISO date text; flag: 0/1.
-KINDS = ("id", "ref", "label", "category", "number", "year", "date", "flag")
+#   date: date text (ISO unless the column's ``fmt`` says otherwise); flag: 0/1;
+#   extra: a distractor the questions never ask about (audit columns, look-alikes, loose codes).
+KINDS = ("id", "ref", "label", "category", "number", "year", "date", "flag", "extra")
 
 
 # ----------------------------------------------------------------------------- value generators
@@ -157,6 +158,10 @@ class Column:
     ref: str = ""  # parent table of a foreign key
     rel: str = ""  # phrase from child to parent: "students *in* departments ..."
     differs_from: str = ""  # a ref column whose value this ref never repeats (home vs away)
+    # How values are stored (data.mess): a text case ("upper", "lower") or a date format
+    # ("date:dmy", ...) kept by every row; "" as drawn.
+    fmt: str = ""
+    noise: float = 0.0  # share of rows whose text gets stray spaces or another case (data.mess)
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ class Table:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     synonyms: tuple[tuple[str, str], ...] = ()  # (singular, plural) pairs
+    distractor: bool = False  # in the schema, never asked about (an archive, a log)
 
     def column(self, name: str) -> Column:
         for col in self.columns:
@@ -202,6 +208,18 @@ class Domain:
     name: str
     tables: tuple[Table, ...]
     dk_rules: tuple[DKRule, ...] = ()
+    # The domains one vocabulary gave (composed variants): a build keeps a family out of train
+    # when dev or test use it. "": the domain is its own family.
+    family: str = ""
+    # How often a question uses the noun a name was built from, rather than a synonym or an
+    # implicit wording (data.schema_word_share; 1.0 in the catalogue: the schema's own words).
+    schema_word_share: float = 1.0
+    style: str = ""  # the naming style of a database's names (data.naming), "" in the catalogue
+    messy: bool = False  # a database whose values were messed up (data.mess)
+
+    @property
+    def family_name(self) -> str:
+        return self.family or self.name
 
     def table(self, name: str) -> Table:
         for t in self.tables:
@@ -214,13 +232,14 @@ class Domain:
 
     def check(self) -> None:
         """Raise ValueError when the declaration is inconsistent (caught by the tests)."""
-        names = [t.name for t in self.tables]
+        names = [t.name.lower() for t in self.tables]  # SQLite's names ignore case
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate table names")
-        if not 3 <= len(self.tables) <= 8:
-            raise ValueError(f"{self.name}: {len(self.tables)} tables, expected 3 to 8")
+        asked = [t for t in self.tables if not t.distractor]
+        if not 3 <= len(asked) <= 8:
+            raise ValueError(f"{self.name}: {len(asked)} tables asked about, expected 3 to 8")
         for i, t in enumerate(self.tables):
-            cols = [c.name for c in t.columns]
+            cols = [c.name.lower() for c in t.columns]
             if len(set(cols)) != len(cols):
                 raise ValueError(f"{self.name}.{t.name}: duplicate columns")
             for key in t.primary_key:
@@ -238,7 +257,7 @@ class Domain:
                     raise ValueError(f"{self.name}.{t.name}.{c.name}: no generator")
         for r in self.dk_rules:
             col = self.table(r.table).column(r.column)
-            if col.kind in ("id", "ref", "label"):
+            if col.kind in ("id", "ref", "label", "extra"):
                 raise ValueError(f"{self.name}: DK rule on {r.table}.{r.column} must be on a value column")
 
 
@@ -283,6 +302,11 @@ def flag(name: str, share: float, noun: str, synonyms: tuple[str, ...] = ()) -> 
     return Column(name, "INTEGER", "flag", noun, Choice((1, 0), (share, 1.0 - share)), synonyms)
 
 
+def extra(name: str, gen: Gen, noun: str, sqltype: str = "TEXT", nulls: float = 0.0) -> Column:
+    """A distractor column: in the schema and the data, never in a question."""
+    return Column(name, sqltype, "extra", noun, gen, nulls=nulls)
+
+
 def attr(name: str, gen: Gen, noun: str, synonyms: tuple[str, ...] = (), nulls: float = 0.0,
          implicit: Mapping[str, str] | None = None) -> Column:
     """A text column with many distinct values that is not the row's name (email, code)."""
@@ -291,9 +315,9 @@ def attr(name: str, gen: Gen, noun: str, synonyms: tuple[str, ...] = (), nulls: 
 
 def table(name: str, singular: str, plural: str, rows: tuple[int, int], *columns: Column,
           primary_key: tuple[str, ...] | None = None,
-          synonyms: tuple[tuple[str, str], ...] = ()) -> Table:
+          synonyms: tuple[tuple[str, str], ...] = (), distractor: bool = False) -> Table:
     pk = primary_key or tuple(c.name for c in columns if c.kind == "id")[:1]
-    return Table(name, singular, plural, rows, tuple(columns), pk, synonyms)
+    return Table(name, singular, plural, rows, tuple(columns), pk, synonyms, distractor)
 
 
 def age_phrases(noun_word: str = "{noun}") -> dict[str, str]:

@@ -52,6 +52,13 @@ NOUNS = (
     "Forest", "Horizon", "Train", "Letter", "Empire", "Harbor", "Bridge", "Moon", "Thunder",
 )
 
+# The first word of a place or business name ("Riverside Vet Clinic", "Oakwood Fitness").
+PLACE_WORDS = (
+    "Riverside", "Hillcrest", "Oakwood", "Maple", "Cedar", "Lakeside", "Northgate", "Southbank", "Westfield",
+    "Eastwood", "Greenway", "Harbour", "Kingsley", "Sunnyvale", "Brookside", "Ashford", "Fairview", "Highland",
+    "Meadowbrook", "Stonebridge", "Elmhurst", "Bayview", "Silverdale", "Redwood", "Foxhill",
+)
+
 # Fresh identifiers for renamed copies of training domains (``domains.renaming``): common nouns
 # with regular plurals, no SQL keywords. A build drops any that a held-out domain uses.
 RENAME_WORDS = (

@@ -40,9 +40,10 @@ def family(name: str, level: str, ask: Asker):
 
 
 def tpl(ph: Phraser, options: list[tuple[str, bool]], **slots: str) -> str:
-    """One of ``options`` (template, is_question), filled with ``slots`` and a verb."""
+    """One of ``options`` (template, is_question), filled with ``slots`` and a verb, in one of
+    the phraser's registers."""
     text, question = ph.pick("tpl", options)
-    return sentence(text.format(verb=ph.verb(), **slots), question)
+    return ph.frame(sentence(text.format(verb=ph.verb(), **slots), question), question)
 
 
 def where_np(ph: Phraser, sel: Select, t: int = 0, det_all: bool = True) -> str:

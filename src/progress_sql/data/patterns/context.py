@@ -11,6 +11,7 @@ from typing import Callable
 
 from progress_sql.data.domains.spec import Column, Domain
 from progress_sql.data.generate_db import Rows
+from progress_sql.data.mess import allows, sorts
 from progress_sql.data.query import Agg, Col, Cond, Join, Select
 
 _FILTER_KINDS = ("category", "number", "year", "date", "flag", "label")
@@ -115,7 +116,11 @@ class DbContext:
                 if c.kind in kinds and c.name not in exclude and not (not_null and c.nulls)]
 
     def labelled(self) -> list[str]:
-        return [t.name for t in self.domain.tables if t.label is not None]
+        return [t.name for t in self.domain.tables if t.label is not None and not t.distractor]
+
+    def asked(self) -> list[str]:
+        """The tables questions are asked about: all but the distractors (archives, logs)."""
+        return [t.name for t in self.domain.tables if not t.distractor]
 
 
 def quantile(values: list, rng: random.Random, lo: float, hi: float):
@@ -127,7 +132,7 @@ def make_cond(ctx: DbContext, rng: random.Random, t: int, table: str, column: Co
               op: str | None = None) -> Cond | None:
     """A condition on ``column`` whose value comes from the data; None when none fits."""
     values = ctx.values(table, column.name)
-    if not values:
+    if not values or (op is not None and not allows(column, op)):
         return None
     if op is None:
         ops = list(_OPS[column.kind])
@@ -135,6 +140,11 @@ def make_cond(ctx: DbContext, rng: random.Random, t: int, table: str, column: Co
             ops.append(("=", 2))
         if column.nulls and ctx.has_nulls(table, column.name):
             ops += [("IS NULL", 1), ("IS NOT NULL", 1)]
+        ops = [(o, w) for o, w in ops if allows(column, o)]  # what a messy column leaves answerable
+        if column.kind == "date" and not sorts(column):
+            ops.append(("=", 3))  # a day written 15/03/2021 is asked for as written
+        if not ops:
+            return None
         op = rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
     left = Col(t, column.name)
     if op in ("IS NULL", "IS NOT NULL"):
@@ -161,7 +171,7 @@ def make_cond(ctx: DbContext, rng: random.Random, t: int, table: str, column: Co
         word = rng.choice(words)
         if sum(word.lower() in str(v).lower() for v in values) > len(values) // 2:
             return None  # a word most values share ("Arena") filters nothing
-        starts = value.startswith(word) and rng.random() < 0.3
+        starts = value.startswith(word) and rng.random() < 0.3 and not column.noise  # a stray space defeats a prefix
         return Cond(left, op, f"{word}%" if starts else f"%{word}%")
     raise ValueError(f"unknown operator {op}")
 
@@ -216,8 +226,8 @@ def pick_category(ctx: DbContext, rng: random.Random, table: str) -> Column | No
 
 
 def any_table(ctx: DbContext, rng: random.Random) -> str:
-    """A random table of the database, labelled or not."""
-    return rng.choice([x.name for x in ctx.domain.tables])
+    """A random table of the database that questions ask about, labelled or not."""
+    return rng.choice(ctx.asked())
 
 
 def filtered_by(ctx: DbContext, rng: random.Random, table: str, column: Column | None,
