@@ -107,11 +107,14 @@ def test_train_tokenizer_is_deterministic_and_saves(tmp_path):
 
 
 def test_prompts_tokenize_compactly(policy, corpus):
-    """The tokenizer learnt the prompt templates, schemas and feedback: far fewer tokens than bytes."""
+    """The tokenizer learnt the prompt templates, schemas and feedback: far fewer tokens than bytes
+    (over ten prompts: databases spelled in naming styles of their own compress unevenly)."""
     _, tok = policy
-    _, messages = _round1(corpus)
-    text = "".join(m["content"] for m in messages)
-    assert len(chat_prompt_ids(tok, messages)) < 0.3 * len(text.encode())
+    ratios = []
+    for index in range(10):
+        _, messages = _round1(corpus, index)
+        ratios.append(len(chat_prompt_ids(tok, messages)) / len("".join(m["content"] for m in messages).encode()))
+    assert sum(ratios) / len(ratios) < 0.3
     feedback = feedback_text(tuple(TAGS)[:3])
     assert len(tok.encode(feedback, add_special_tokens=False)) < 0.3 * len(feedback)
 
