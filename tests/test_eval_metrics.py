@@ -86,6 +86,41 @@ def test_an_example_whose_gold_passed_max_rows_is_counted_apart():
     assert "| Gold too large |" in text and "| 1 |" in text
 
 
+def test_wrong_answers_are_counted_by_why_they_are_wrong(tmp_path: Path):
+    # issue 51: predictions kept only "runtime"; the report now counts wrong answers by kind, from real
+    # executions on a real database
+    import sqlite3
+
+    from progress_sql.sql import verdict
+
+    db = tmp_path / "shop.sqlite"
+    with sqlite3.connect(db) as con:
+        con.executescript("CREATE TABLE Item (ItemName TEXT, Qty INT); INSERT INTO Item VALUES ('pen', 3), ('ink', 0);")
+    gold = "SELECT ItemName FROM Item WHERE Qty > 0"
+    answers = {"right": "SELECT ItemName FROM Item WHERE Qty > 0", "wrong_result": "SELECT ItemName FROM Item",
+               "unknown_table": "SELECT name FROM items", "unknown_column": "SELECT name FROM Item",
+               "syntax": "SELECT FROM WHERE", "other_error": "SELECT nosuchfunction(Qty) FROM Item", "no_sql": None}
+    example = Example(id="e", db_id="shop", question="?", gold_sql=gold, hardness="easy")
+    outcomes = {}
+    for name, sql in answers.items():
+        v = verdict(db, sql, gold) if sql is not None else Verdict(None, False, None)
+        outcomes[name] = Outcome(example, v, None, sql is not None, 5.0, sql)
+    assert {name: metrics.wrong_kind(o) for name, o in outcomes.items()} == {
+        "right": None, **{name: name for name in answers if name != "right"}}
+    m = mode_metrics(list(outcomes.values()))
+    assert m["wrong"] == {"no_sql": 1, "syntax": 1, "unknown_table": 1, "unknown_column": 1, "other_error": 1,
+                          "timeout": 0, "wrong_result": 1}
+    assert flat_metrics({"dev": {"greedy": m}})["dev/greedy/wrong/unknown_table"] == 1
+    text = reports.markdown_report("tiny", {"dev": {"n": 7, "greedy": m, "gold_errors": 0}}, EvalSettings())
+    assert "## Wrong answers by kind (counts)" in text
+    assert "| Dev | Greedy | 1 | 1 | 1 | 1 | 1 | 0 | 1 | 6 |" in text
+    from progress_sql.eval.runner import Answer  # the predictions file keeps the message, not only its kind
+
+    record = Answer(answers["unknown_table"], True, outcomes["unknown_table"].verdict, 5.0).record()
+    assert record["error"] == "runtime" and "no such table: items" in record["error_message"]
+    assert Answer(gold, True, outcomes["right"].verdict, 5.0).record()["error_message"] is None
+
+
 def test_a_registered_metric_reaches_metrics_json_mlflow_and_the_report(monkeypatch):
     """The walk of docs/architecture.md: one ``Metric`` entry is the whole change. Here a
     row count, the mean number of rows the chosen SQL returned (errors not counted)."""
@@ -93,7 +128,8 @@ def test_a_registered_metric_reaches_metrics_json_mlflow_and_the_report(monkeypa
                   lambda values: mean(v for v in values if v is not None), "Rows", lambda v: f"{v:.1f}")
     monkeypatch.setattr(metrics, "METRICS", (*METRICS, rows))
     m = mode_metrics([outcome(True, rows=((1,), (2,))), outcome(False, rows=((1,),)), outcome(False, executed=False)])
-    assert m["mean_rows"] == 1.5 and list(m)[-2:] == ["mean_rows", "by_hardness"]  # after the others
+    keys = list(m)
+    assert m["mean_rows"] == 1.5 and keys.index("mean_rows") == keys.index("gold_too_large") + 1  # after the others
     assert flat_metrics({"dev": {"greedy": m}})["dev/greedy/mean_rows"] == 1.5
     text = reports.markdown_report("tiny", {"dev": {"n": 3, "greedy": m, "gold_errors": 0}}, EvalSettings())
     header, row = (next(line for line in text.splitlines() if line.startswith(start))

@@ -4,8 +4,8 @@
 A decoding mode (greedy, Vote@k, the multi-turn protocol) yields one ``Outcome`` per example;
 ``mode_metrics`` turns them into
 
-    {"n", "ex", "ts", "ts_n", "exec_rate", "format_rate", "mean_response_tokens",
-     "by_hardness": {"easy": {"n", "ex", "ts"}, ...}, "by_difficulty": {...}}
+    {"n", "ex", "ts", "ts_n", "exec_rate", "format_rate", "mean_response_tokens", "gold_too_large",
+     "wrong": {"no_sql": n, ...}, "by_hardness": {"easy": {"n", "ex", "ts"}, ...}, "by_difficulty": {...}}
 
 - ``ex``: execution accuracy over the n examples that can be judged; ``exec_rate``: the chosen
   SQL ran without error; ``format_rate``: the output followed the format;
@@ -15,6 +15,8 @@ A decoding mode (greedy, Vote@k, the multi-turn protocol) yields one ``Outcome``
 - ``gold_too_large``: examples whose gold's result passed ``sandbox.max_rows``
   (``Verdict.unjudged``): no answer can be judged against it, so they are counted here and
   left out of EX and TS (and of pass@k), not counted as wrong answers of the model.
+- ``wrong``: the wrong answers counted by why they are wrong (``WRONG_KINDS``: no SQL, syntax,
+  unknown table, unknown column, other execution error, timeout, wrong result).
 - ``by_hardness``: Spider hardness (every level listed, n=0 with None rates when absent);
   ``by_difficulty``: the dataset's own labels (BIRD: simple/moderate/challenging), only when
   the examples carry them; both hold the ``grouped`` metrics.
@@ -137,9 +139,36 @@ def _difficulty_key(label: str) -> tuple[int, str]:
     return (DIFFICULTY_ORDER.index(label), "") if label in DIFFICULTY_ORDER else (len(DIFFICULTY_ORDER), label)
 
 
+# Why an answer is wrong, in the order the report lists them (``wrong_kind``): no SQL in the output,
+# SQL that does not parse, a table or a column the schema does not have (a model that invents names),
+# another execution error, the time limit, or SQL that runs and returns the wrong result.
+WRONG_KINDS = ("no_sql", "syntax", "unknown_table", "unknown_column", "other_error", "timeout", "wrong_result")
+
+
+def wrong_kind(o: Outcome) -> str | None:
+    """The ``WRONG_KINDS`` entry of a wrong answer; None for a right one or one that cannot be judged."""
+    result = o.verdict.result
+    if not o.judged or o.verdict.correct:
+        return None
+    if o.sql is None or result is None:
+        return "no_sql"
+    if result.ok:
+        return "wrong_result"
+    if result.error in ("syntax", "timeout"):
+        return result.error
+    message = result.message.lower()
+    if "no such table" in message:
+        return "unknown_table"
+    if "no such column" in message:
+        return "unknown_column"
+    return "other_error"
+
+
 def mode_metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """The metrics of one decoding mode over a split (see the module notes)."""
     out: dict[str, Any] = {"n": len(outcomes), **_summaries(outcomes, METRICS)}
+    kinds = [wrong_kind(o) for o in outcomes]
+    out["wrong"] = {kind: kinds.count(kind) for kind in WRONG_KINDS}
     hardness = [o.example.hardness for o in outcomes]
     # every level listed, and a loader's unexpected label reported, not dropped
     levels = [*HARDNESS_LEVELS, *sorted(set(hardness) - set(HARDNESS_LEVELS))]

@@ -119,6 +119,16 @@ def _breakdown_tables(metrics: dict[str, Any], key: str, labels_of) -> str | Non
     return "\n\n".join(blocks) if blocks else None
 
 
+def _wrong_table(metrics: dict[str, Any]) -> str | None:
+    """One row per split and decoding mode: its wrong answers by kind (``metrics.WRONG_KINDS``)."""
+    rows = [[split_title(split), mode_label(mode), *(str(m[mode]["wrong"][kind]) for kind in registry.WRONG_KINDS),
+             str(sum(m[mode]["wrong"].values()))]
+            for split, m in metrics.items() for mode in decoding_modes(m) if "wrong" in (m[mode] or {})]
+    if not rows:
+        return None
+    return markdown_table(["Split", "Decoding", *(k.replace("_", " ") for k in registry.WRONG_KINDS), "wrong"], rows)
+
+
 def _pass_table(metrics: dict[str, Any]) -> str | None:
     rows = []
     for split, m in metrics.items():
@@ -176,6 +186,7 @@ def markdown_report(model: str, metrics: dict[str, Any], cfg: EvalSettings, note
         ("Tables 10-12: accuracy by Spider hardness", _breakdown_tables(metrics, "by_hardness", _ordered_hardness)),
         ("pass@k", _pass_table(metrics)),
         ("All decoding modes", _details_table(metrics)),
+        ("Wrong answers by kind (counts)", _wrong_table(metrics)),
     ]
     for title, table in sections:
         if table:

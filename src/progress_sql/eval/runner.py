@@ -151,9 +151,11 @@ class Answer:
 
     def record(self) -> dict[str, Any]:
         result = self.verdict.result
+        failed = result is not None and not result.ok
         out = {"sql": self.sql, "well_formed": self.well_formed, "executed": self.verdict.executed,
                "ex": self.verdict.correct, "ts": self.ts, "tokens": self.tokens,
-               "error": (result.error if result is not None and not result.ok else None)}
+               "error": result.error if failed else None,
+               "error_message": result.message[:ERROR_MESSAGE_CHARS] if failed else None}
         if self.text is not None:
             out = {"text": self.text, **out}
         return out
@@ -427,6 +429,7 @@ OUTPUT_FILES = {"metrics": "metrics.json", "report": "report.md", "hardness_csv"
                 "robustness_csv": "plots/robustness.csv", "hardness_png": "plots/hardness.png",
                 "robustness_png": "plots/robustness.png"}
 PREDICTIONS = "predictions"  # <split>.jsonl; a split not evaluated this time leaves no file behind
+ERROR_MESSAGE_CHARS = 300  # of an execution error's message, kept in the predictions file
 
 
 def _write_outputs(out: Path, model: str, metrics: dict[str, Any], records: dict[str, list[dict[str, Any]]],
