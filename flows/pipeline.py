@@ -60,7 +60,7 @@ ALL_ARMS: list[str] = []
 NO_BUDGET: dict[str, Any] = {}
 # The settings paths a pipeline run writes; with a work_dir each relative one is placed under
 # it. An init_from that names one of them (the pipeline's own model) follows it there.
-WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.out_dir", "eval.out_dir",
+WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.scores.out_dir", "rl.out_dir", "eval.out_dir",
                   "tracking.model_cache_dir", "compare.out_dir", "compare.shared_dir", "compare.report_dir")
 FOLLOWS = {"sft.init_from": "model.base_dir", "rl.init_from": "sft.out_dir"}
 # The retries of the registry tasks (see the module docstring).
@@ -190,6 +190,15 @@ def sft(settings: Settings, corpus_dir: str, report_dir: str) -> str:
     return result.out_dir
 
 
+@task(name="score-questions", cache_policy=NO_CACHE)
+def score_questions(settings: Settings, corpus_dir: str, report_dir: str) -> dict[str, Any]:
+    """``progress-sql train score``: the train questions scored by ``rl.init_from`` (rl.questions band)."""
+    summary = stages.score_questions(settings, corpus_dir, report_dir=report_dir, progress=False)
+    get_run_logger().info("score: %d questions, %d never right, %d sometimes, %d always", summary["scored"],
+                          summary["at_0"], summary["between"], summary["at_1"])
+    return summary
+
+
 @task(name="train-rl", cache_policy=NO_CACHE)
 def train_rl(settings: Settings, corpus_dir: str, report_dir: str) -> str:
     """``progress-sql train rl``: RL from ``rl.init_from``; the final policy's folder."""
@@ -263,8 +272,8 @@ def training_pipeline(
     mlruns_in_work_dir: bool = False,
 ) -> dict[str, Any]:
     """The whole pipeline: build and validate the corpus, build the tiny policy, SFT warm start,
-    RL, evaluation, registration (the champion alias moves only when ``eval.gate_metric``
-    beats the champion's). Returns the registry decision.
+    (rl.questions band) the train questions scored, RL, evaluation, registration (the champion
+    alias moves only when ``eval.gate_metric`` beats the champion's). Returns the registry decision.
 
     Args:
         preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run (params.yaml is the 15-minute one); cpu-smollm2, SmolLM2-135M-Instruct through SFT, RL and evaluation in about 45 minutes (init_tiny_model then saves the pretrained model into model.base_dir); the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
@@ -291,6 +300,8 @@ def training_pipeline(
             init_model(settings, corpus)
         if run_sft:
             sft(settings, corpus, str(report_root / "train"))
+        if settings.rl.questions == "band":  # RL draws by the scores of its starting policy
+            score_questions(settings, corpus, str(report_root / "train"))
         policy = train_rl(settings, corpus, str(report_root / "train"))
         metrics = evaluate(settings, policy, corpus)
         if not settings.tracking.enabled:  # as `progress-sql registry register`: no registry to use

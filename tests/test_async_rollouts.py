@@ -419,3 +419,116 @@ def test_two_deepspeed_ranks_each_train_their_producers_batches(warmish, tmp_pat
         first = (step - 1) * 2 * per_rank
         assert [rows[g * G]["example_id"] for g in range(per_rank)] == [f"q{i}" for i in drawn[first:first + per_rank]]
     assert (tmp_path / "rl" / "final" / "config.json").exists()
+
+
+# ----------------------------------------------------------------------------- rl.dynamic_sampling
+def _groups(rows, G):  # noqa: N803
+    return [rows[g:g + G] for g in range(0, len(rows), G)]
+
+
+def test_async_dynamic_sampling_draws_as_the_synchronous_loop(warmish, tmp_path):
+    """rl.dynamic_sampling with rl.async: the producer draws each step through the loop's own
+    sampled_step: more questions from the stream's next places while fewer than
+    questions_per_step groups have an EX signal (this policy's rollouts are mostly all wrong),
+    the groups with one trained (none: the first), and the stream advanced by every draw the step
+    could make, which is where a resumed producer starts."""
+    import json
+
+    from progress_sql.train.checkpoint import list_checkpoints
+    from progress_sql.train.questions import question_indices
+    from progress_sql.train.trainer import run_rl
+
+    corpus, policy = warmish
+    s = _async_settings(policy, steps=2)
+    s.rl.dynamic_sampling.enabled, s.rl.dynamic_sampling.max_rounds = True, 2
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    G, per_step = s.rl.group_size, s.rl.questions_per_step  # noqa: N806
+    for step, metrics in zip((1, 2), result.metrics):
+        groups = _groups(_rows(result.out_dir, step), G)
+        signal = [len({r["correct"] for r in group}) > 1 for group in groups]
+        draws = len(groups) // per_step
+        assert draws == 2 or sum(signal) >= per_step
+        stream = question_indices(4, (step - 1) * 2 * per_step, draws * per_step, s.rl.seed)
+        assert [group[0]["example_id"] for group in groups] == [f"q{i}" for i in stream]
+        trained = [g for g, group in enumerate(groups) if group[0]["trained"]]
+        assert trained == ([g for g, has in enumerate(signal) if has][:per_step] or [0])
+        assert metrics["episodes/updated"] == len(trained) * G and metrics["groups/drawn"] == len(groups)
+    state = json.loads((list_checkpoints(result.out_dir)[-1] / "trainer_state.json").read_text())
+    assert state["data_position"] == 2 * 2 * per_step
+    assert not _producers()
+
+
+_DYNAMIC_RANK_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from corpora import school_settings
+from progress_sql.train import trainer
+from progress_sql.train.dynamic_sampling import group_signal
+
+seen = []  # each step this rank trains: its groups' questions, the groups it kept, the groups it trained
+produced = trainer.async_step
+
+
+def spy(run, producer, state):
+    batch, metrics = produced(run, producer, state)
+    G, per = run.settings.rl.group_size, run.settings.rl.questions_per_step
+    signal = group_signal(batch, "reward", G)
+    seen.append({{"ids": [ep.example.id for ep in batch.episodes[::G]], "position": state.data_position,
+                  "kept": min(sum(signal), per) or 1, "trained": len(batch.train_groups)}})
+    return batch, metrics
+
+
+if __name__ == "__main__":
+    trainer.async_step = spy
+    s = school_settings({policy!r})
+    s.rl.deepspeed, s.rl.steps, s.rl.checkpoint_every = "always", 3, 3
+    s.rl.async_ = s.rl.async_.model_copy(update={{"enabled": True}})
+    s.rl.dynamic_sampling = s.rl.dynamic_sampling.model_copy(update={{"enabled": True, "signal": "reward",
+                                                                       "max_rounds": 2}})
+    trainer.run_rl(s, Path({corpus!r}), out_dir=Path({out!r}), progress=False)
+    print("SEEN " + json.dumps(seen))
+"""
+
+
+def test_two_deepspeed_ranks_with_dynamic_sampling_agree_on_the_stream_and_the_groups(warmish, tmp_path):
+    """rl.dynamic_sampling under DeepSpeed with two ranks and their producers (which cannot ask
+    each other): each rank draws its slice of each draw of the step, the stream advances alike on
+    both, and both train as many groups as the rank that kept fewest (ZeRO reduces gradients in
+    every backward pass: unequal micro-batch counts would hang the run)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from progress_sql.train.distributed import free_port
+    from progress_sql.train.questions import question_indices
+
+    corpus, policy = warmish
+    script = tmp_path / "rank.py"
+    script.write_text(_DYNAMIC_RANK_SCRIPT.format(tests=str(Path(__file__).parent), policy=str(policy),
+                                                  corpus=str(corpus), out=str(tmp_path / "rl")))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=900)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()  # a no-op for a process that has ended
+    assert [p.returncode for p in ranks] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    seen = [json.loads(next(x for x in text.splitlines() if x.startswith("SEEN "))[5:]) for text in outputs]
+    per, seed = _async_settings(policy).rl.questions_per_step, _async_settings(policy).rl.seed
+    stride = 2 * 2 * per  # two ranks, two draws
+    for k in range(3):
+        both = [seen[r][k] for r in (0, 1)]
+        assert [b["position"] for b in both] == [(k + 1) * stride] * 2
+        assert [b["trained"] for b in both] == [min(b["kept"] for b in both)] * 2
+        for r, b in enumerate(both):  # draw d: the r-th slice of the global batch at k·stride + d·2·per
+            expected = [f"q{i}" for d in range(len(b["ids"]) // per)
+                        for i in question_indices(4, k * stride + d * 2 * per, 2 * per, seed)[r * per:(r + 1) * per]]
+            assert b["ids"] == expected
+    assert any(len(seen[r][k]["ids"]) > per for r in (0, 1) for k in range(3)) or \
+        any(seen[0][k]["kept"] != seen[1][k]["kept"] for k in range(3)), seen  # something to agree on

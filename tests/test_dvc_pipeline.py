@@ -1,5 +1,5 @@
-"""dvc.yaml: the whole pipeline (build_data → validate_data → init_model → sft → train →
-evaluate → register) runs with `dvc repro` in a fresh copy of the repository on tiny params,
+"""dvc.yaml: the whole pipeline (build_data → validate_data → init_model → sft → score_questions →
+train → evaluate → register) runs with `dvc repro` in a fresh copy of the repository on tiny params,
 logs to the default local SQLite MLflow store, registers a champion, then reports nothing to
 reproduce; `dvc exp run -S rl.recipe=oneshot` reruns only the stages that read rl.*."""
 
@@ -20,7 +20,9 @@ from conftest import REPO
 pytest.importorskip("torch")
 mlflow = pytest.importorskip("mlflow")
 
-STAGES = ("build_data", "validate_data", "init_model", "sft", "train", "evaluate", "register")
+STAGES = ("build_data", "validate_data", "init_model", "sft", "score_questions", "train", "evaluate", "register")
+# the stages that log an MLflow run: build_data is deterministic, score_questions scores nothing by default
+LOGGED = tuple(s for s in STAGES if s not in ("build_data", "score_questions"))
 CHAIN = list(zip(STAGES, STAGES[1:]))
 TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
@@ -89,7 +91,7 @@ def test_graph_is_the_whole_pipeline(repo):
     assert set(CHAIN) <= edges, dot
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert list(stages) == list(STAGES)
-    for name in ("init_model", "sft", "train", "evaluate", "register"):
+    for name in ("init_model", "sft", "score_questions", "train", "evaluate", "register"):
         assert stages[name]["cmd"].startswith("progress-sql ") and stages[name]["params"]
 
 
@@ -128,19 +130,19 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     exp = client.get_experiment_by_name("progress-sql")
     runs = client.search_runs([exp.experiment_id])
     stage_runs = [r for r in runs if r.data.tags.get("progress_sql.kind") == "stage"]
-    assert sorted(r.data.tags["progress_sql.stage"] for r in stage_runs) == sorted(STAGES[1:])  # build_data is not a run
+    assert sorted(r.data.tags["progress_sql.stage"] for r in stage_runs) == sorted(LOGGED)
     # each named by its stage, the SFT also by the output format it teaches
-    assert sorted(r.info.run_name for r in stage_runs) == sorted(s if s != "sft" else "sft think_sql" for s in STAGES[1:])
+    assert sorted(r.info.run_name for r in stage_runs) == sorted(s if s != "sft" else "sft think_sql" for s in LOGGED)
     assert len({r.data.tags["mlflow.parentRunId"] for r in stage_runs}) == 1
     assert int(client.get_model_version_by_alias("progress-sql-policy", "champion").version) == 1
 
     # an experiment: only the stages that read rl.* run again, under their own parent run (SFT
-    # among them: it teaches rl.recipe's output format)
+    # among them: it teaches rl.recipe's output format; score_questions samples in it)
     run("git", "add", "-A")
     run("git", "commit", "-q", "-m", "baseline")
     exp_out = run("dvc", "exp", "run", "-S", "rl.recipe=oneshot", "-n", "oneshot")
     ran = set(re.findall(r"Running stage '(\w+)'", exp_out.stdout))
-    assert ran == {"sft", "train", "evaluate", "register"}, exp_out.stdout
+    assert ran == {"sft", "score_questions", "train", "evaluate", "register"}, exp_out.stdout
     assert json.loads((root / "reports" / "registry.json").read_text())["version"] == 2
     parents = {r.info.run_name for r in client.search_runs([exp.experiment_id])
                if r.data.tags.get("progress_sql.kind") == "pipeline"}

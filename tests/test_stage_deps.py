@@ -175,7 +175,8 @@ def test_dvc_status_lists_sft_after_an_edit_of_the_loss_it_computes(scratch):
         pytest.skip("dvc is not installed")
     params = yaml.safe_load((scratch / "params.yaml").read_text(encoding="utf-8"))
     for folder in (params["data"]["out_dir"], params["sft"]["init_from"], params["sft"]["out_dir"],
-                   f"{params['rl']['out_dir']}/final", f"{params['rl']['out_dir']}/checkpoints"):
+                   params["rl"]["scores"]["out_dir"], f"{params['rl']['out_dir']}/final",
+                   f"{params['rl']['out_dir']}/checkpoints"):
         (scratch / folder).mkdir(parents=True, exist_ok=True)
         (scratch / folder / "stand-in").write_text("1")
     for name in ("reports/train/sft.json", "reports/train/sft_loss.csv", "reports/train/rl.json",

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -552,3 +555,204 @@ def test_rl_questions_solved_draws_only_what_the_policy_answers_greedily(half_ri
     s.rl.init_from = str(untrained)
     with pytest.raises(CorpusError, match="answers none of the train questions"):
         run_rl(s, extended, out_dir=tmp_path / "none", progress=False)
+
+
+# ----------------------------------------------------------------------------- issue 53: questions with signal, the check
+EXE = str(Path(os.path.abspath(sys.executable)).with_name("progress-sql"))  # the tests run it in other folders
+CLI_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+CLI_ENV.pop("DVC_STAGE", None)
+
+
+def _cli(settings, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """``progress-sql ARGS --params P`` as a user runs it, P holding ``settings`` (no MLflow)."""
+    settings = settings.model_copy(deep=True)
+    settings.tracking.enabled = False
+    params = folder / "params.yaml"
+    params.write_text(json.dumps(settings.model_dump(mode="json", by_alias=True)))  # JSON is YAML
+    return subprocess.run([EXE, *args, "--params", str(params)], cwd=folder, env=CLI_ENV, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _extended(corpus: Path, root: Path, more_train: bool = True) -> Path:
+    """A copy of the school corpus with an indomain split (the four train questions under other
+    ids) and, with ``more_train``, two more train questions (the policy never saw them: at least
+    one unsolved)."""
+    extended = root / "corpus"
+    shutil.copytree(corpus, extended)
+    layout = CorpusLayout(extended)
+    examples = list(read_jsonl(layout.split("train")))
+    write_jsonl(layout.split("indomain"), [dataclasses.replace(ex, id=f"in-{ex.id}") for ex in examples])
+    if not more_train:
+        return extended
+    examples += [Example(id="q-sum", db_id="school", question="What is the total budget of all departments?",
+                         gold_sql="SELECT sum(budget) FROM department", hardness="easy", reasoning="r"),
+                 Example(id="q-min", db_id="school", question="What is the age of the youngest student?",
+                         gold_sql="SELECT min(age) FROM student", hardness="easy", reasoning="r")]
+    write_jsonl(layout.split("train"), examples)
+    return extended
+
+
+def _scores(folder: Path) -> tuple[dict, dict]:
+    rows = [json.loads(line) for line in (folder / "scores.jsonl").read_text().splitlines()]
+    return {row["example_id"]: row for row in rows}, json.loads((folder / "summary.json").read_text())
+
+
+def test_score_command_scores_each_question_as_evaluation_judges_it(half_right, tmp_path):
+    """`progress-sql train score`: k single-turn samples of each train question from the rollout
+    sampler, judged as the evaluation judges. Greedy (temperature 0), every sample of a question
+    gets the evaluation's greedy verdict (run_eval on the same split); at RL's temperature the
+    summary counts the rates; with rl.questions all it scores nothing, at once."""
+    from progress_sql.eval.runner import run_eval
+
+    corpus, policy = half_right
+    extended = _extended(corpus, tmp_path)
+    s = school_settings(policy)
+    s.rl.questions, s.rl.scores.out_dir, s.rl.scores.k, s.generation.temperature = "band", str(tmp_path / "sc"), 2, 0.0
+    s.data.out_dir = str(extended)
+    done = _cli(s, tmp_path, "train", "score", "--report-dir", str(tmp_path / "reports"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows, summary = _scores(tmp_path / "sc")
+    assert set(rows) == {ex.id for ex in read_jsonl(CorpusLayout(extended).split("train"))}
+    assert all(row["correct"] in (0, 2) and row["rate"] == row["correct"] / 2 for row in rows.values())
+    s.eval.max_examples, s.eval.vote_k, s.eval.pass_k, s.eval.ts, s.model.dtype = 0, 0, 0, False, "float32"
+    evaluated = run_eval(s, str(policy), extended, ["train"], tmp_path / "eval", progress=False)
+    greedy = {row["id"]: row["greedy"]["ex"] for row in
+              map(json.loads, evaluated.files["predictions/train"].read_text().splitlines())}
+    assert {i: row["rate"] == 1.0 for i, row in rows.items()} == greedy and 0 < sum(greedy.values()) < len(greedy)
+    assert (summary["scored"], summary["at_1"], summary["between"]) == (6, sum(greedy.values()), 0)
+    assert json.loads((tmp_path / "reports" / "scores.json").read_text())["scores/at_1"] == summary["at_1"]
+
+    s.generation.temperature, s.rl.scores.k, s.rl.scores.pool = 1.0, 4, 5  # RL's sampling; a seeded pool of 5
+    done = _cli(s, tmp_path, "train", "score")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows, summary = _scores(tmp_path / "sc")
+    assert len(rows) == 5 and summary["by_correct"] == [sum(r["correct"] == c for r in rows.values()) for c in range(5)]
+    assert summary["at_0"] + summary["between"] + summary["at_1"] == 5
+    assert f"{summary['between']} inside the band 0 < rate < 1" in done.stdout
+
+    s.rl.questions = "all"  # the DVC stage of the default pipeline: empty scores, no model loaded
+    done = _cli(s, tmp_path, "train", "score")
+    assert done.returncode == 0 and "nothing scored" in done.stdout and "Loading weights" not in done.stderr
+    assert (tmp_path / "sc" / "scores.jsonl").read_text() == "" and _scores(tmp_path / "sc")[1]["scored"] == 0
+
+
+def test_rl_questions_band_draws_only_inside_the_band_of_its_policys_scores(half_right, warm, tmp_path):
+    """rl.questions band: RL draws only the scored questions with low < rate < high, and its
+    fingerprint holds the scores (new scores start an --auto-resume run over). Missing scores,
+    scores of another policy and an empty band each stop `train rl` with one line (exit 1)."""
+    from progress_sql.train.resume import run_fingerprint
+
+    corpus, policy = half_right
+    extended = _extended(corpus, tmp_path)
+    s = school_settings(policy)
+    s.rl.questions, s.rl.scores.out_dir, s.rl.scores.k = "band", str(tmp_path / "sc"), 4
+    s.data.out_dir, s.rl.deepspeed, s.rl.steps, s.rl.questions_per_step = str(extended), "never", 2, 1
+
+    missing = _cli(s, tmp_path, "train", "rl", "--out", str(tmp_path / "rl"))
+    assert missing.returncode == 1 and "progress-sql train score" in missing.stderr, missing.stderr[-2000:]
+    assert f"{tmp_path / 'sc' / 'summary.json'} is missing" in missing.stderr and "Traceback" not in missing.stderr
+
+    assert _cli(s, tmp_path, "train", "score").returncode == 0
+    rows, _ = _scores(tmp_path / "sc")
+    inside = {i for i, row in rows.items() if 0 < row["rate"] < 1}
+    assert inside, rows  # the half-right policy is right in some of its samples of some questions
+    result = run_rl(s, extended, out_dir=tmp_path / "run", progress=False)
+    assert result.questions == len(inside)
+    assert {row["example_id"] for step in (1, 2) for row in _rollout_rows(result.out_dir, step)} <= inside
+    before = run_fingerprint(s, CorpusLayout(extended))["inputs"]["question scores"]
+    (tmp_path / "sc" / "scores.jsonl").write_text("")
+    assert run_fingerprint(s, CorpusLayout(extended))["inputs"]["question scores"] != before
+
+    other = s.model_copy(deep=True)
+    other.rl.init_from = str(warm[1])  # another policy than the one scored
+    stale = _cli(other, tmp_path, "train", "rl", "--out", str(tmp_path / "rl"))
+    assert stale.returncode == 1 and f"scored with another policy ({policy} as it was then)" in stale.stderr
+
+    assert _cli(s, tmp_path, "train", "score", "--set", "rl.scores.k=1").returncode == 0  # rates 0 or 1 only
+    s.rl.scores.k = 1
+    empty = _cli(s, tmp_path, "train", "rl", "--out", str(tmp_path / "rl"))
+    assert empty.returncode == 1 and "has a pass rate inside the band 0 < rate < 1" in empty.stderr
+
+
+@pytest.mark.parametrize("sets, keys", [
+    (["rl.scores.low=0.5", "rl.scores.high=0.5"], ["rl.scores.low", "rl.scores.high"]),
+    (["rl.scores.high=1.5"], ["rl.scores.high"]),
+    (["rl.scores.low=-0.1"], ["rl.scores.low"]),
+    (["rl.scores.k=0"], ["rl.scores.k"]),
+    (["rl.dynamic_sampling.max_rounds=0"], ["rl.dynamic_sampling.max_rounds"]),
+    (["rl.dynamic_sampling.signal=loss"], ["rl.dynamic_sampling.signal"]),
+    (["rl.check.final=best"], ["rl.check.final", "rl.check.every"]),
+    (["rl.check.split=train"], ["rl.check.split"]),
+    (["rl.check.max_questions=0"], ["rl.check.max_questions"]),
+])
+def test_bad_signal_and_check_settings_exit_2_naming_the_key(tmp_path, sets, keys):
+    for command in (["train", "score"], ["train", "rl"]):
+        done = subprocess.run([EXE, *command, *[a for kv in sets for a in ("--set", kv)]], cwd=tmp_path, env=CLI_ENV,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and all(key in done.stderr for key in keys), done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_dynamic_sampling_trains_only_groups_with_signal(half_right, tmp_path):
+    """rl.dynamic_sampling: a group whose episodes are equally correct is sampled, saved and
+    counted, but no forward or backward pass runs over it (the update's tokens are the trained
+    rollouts'); more questions are drawn, questions_per_step at a time from the next places of the
+    stream, until questions_per_step groups have a signal or max_rounds draws were made; the
+    stream advances by every draw the step could make."""
+    corpus, policy = half_right
+    s = school_settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.shared_prefix = "never", 3, False  # shared prefixes would save tokens
+    s.rl.dynamic_sampling.enabled, s.rl.dynamic_sampling.max_rounds = True, 3
+    result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
+    per_rank, G = s.rl.questions_per_step, s.rl.group_size  # noqa: N806
+    more_draws = 0
+    for step, metrics in enumerate(result.metrics, start=1):
+        rows = _rollout_rows(result.out_dir, step)
+        groups = [rows[g:g + G] for g in range(0, len(rows), G)]
+        signal = [len({r["correct"] for r in group}) > 1 for group in groups]
+        trained = [g for g, group in enumerate(groups) if group[0]["trained"]]
+        assert all(len({r["trained"] for r in group}) == 1 for group in groups)
+        assert trained == ([g for g, has in enumerate(signal) if has][:per_rank] or [0])
+        draws = len(groups) // per_rank
+        assert len(groups) % per_rank == 0 and (draws == 3 or sum(signal) >= per_rank)
+        assert sum(signal[:-per_rank]) < per_rank  # no draw after the step was full
+        stream = question_indices(4, (step - 1) * 3 * per_rank, draws * per_rank, s.rl.seed)
+        assert [group[0]["example_id"] for group in groups] == [f"q{i}" for i in stream]
+        assert (metrics["groups/drawn"], metrics["groups/signal"]) == (len(groups), sum(signal))
+        assert metrics["episodes/updated"] == len(trained) * G
+        assert metrics["update_tokens"] == sum(len(r["input_ids"]) for r in rows if r["trained"])
+        assert metrics["episodes/useful_per_min"] > 0
+        more_draws += draws > 1
+    assert more_draws, "no step drew more questions: the test shows nothing"
+    state = json.loads((list_checkpoints(result.out_dir)[-1] / "trainer_state.json").read_text())
+    assert state["data_position"] == 3 * 3 * per_rank
+
+
+def test_check_keeps_the_policy_of_the_best_check(half_right, tmp_path):
+    """rl.check: every step (and the last) greedy single-turn EX on the first max_questions of
+    indomain, as evaluation computes it; with final best, <out>/final is the policy of the best
+    check (the later on ties), rl_run.json says which, and no other best policy is left. Here
+    RL at lr 1e-3 makes the half-right policy worse on the questions after its first step."""
+    from progress_sql.eval.runner import run_eval
+
+    corpus, policy = half_right
+    extended = _extended(corpus, tmp_path, more_train=False)
+    s = school_settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.keep_checkpoints = "never", 3, 3
+    s.rl.check.every, s.rl.check.final, s.rl.check.max_questions = 1, "best", 4
+    result = run_rl(s, extended, out_dir=tmp_path / "run", progress=False)
+    checks = [m["check/ex"] for m in result.metrics]
+    assert len(checks) == 3 and all(m["check/n"] == 4 for m in result.metrics)
+    best = max(range(3), key=lambda i: (checks[i], i)) + 1
+    assert max(checks) > min(checks), checks  # else any step is the best: the test shows nothing
+    info = json.loads((result.final_dir / "rl_run.json").read_text())["final"]
+    assert (info["from"], info["step"], info["check/ex"]) == ("best", best, max(checks)) == \
+        (result.final_from["from"], result.final_from["step"], result.final_from["check/ex"])
+    assert [c["step"] for c in info["checks"]] == [1, 2, 3]
+    assert [p.name for p in (result.out_dir / "best").iterdir()] == [f"step-{best}"]
+    engine = torch.load(result.out_dir / "checkpoints" / f"step-{best}" / "engine.pt", weights_only=False)
+    final = _weights(result.final_dir)
+    assert all(torch.equal(final[k], engine["model"][k]) for k in final)
+    s.eval.max_examples, s.eval.vote_k, s.eval.pass_k, s.eval.ts, s.model.dtype = 4, 0, 0, False, "float32"
+    evaluated = run_eval(s, str(result.final_dir), extended, ["indomain"], tmp_path / "eval", progress=False)
+    assert evaluated.metrics["indomain"]["greedy"]["ex"] == pytest.approx(max(checks))

@@ -118,6 +118,41 @@ def sft(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = 
     return result, summary
 
 
+def score_questions(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = None,
+                    report_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+    """``score_questions``: the train questions scored by ``rl.init_from`` (``rl.scores.k``
+    samples each, EX; ``train.question_scores``) into ``out`` (default ``rl.scores.out_dir``), for
+    ``rl.questions: band``; its summary, also in ``report_dir``/scores.json and, with the scores
+    file, in the stage's MLflow run. With another ``rl.questions`` nothing is loaded or scored
+    and the scores are empty (no MLflow run): the DVC stage costs the default pipeline nothing."""
+    from progress_sql.files import write_json
+
+    target = Path(out or settings.rl.scores.out_dir)
+    if settings.rl.questions != "band":
+        from progress_sql.train.question_scores import write_unscored
+
+        summary = write_unscored(settings, target)
+        write_json(Path(report_dir) / "scores.json", {"scores/scored": 0})
+        return summary
+    from progress_sql.params import check_model_paths
+    from progress_sql.corpus.integrity import require_intact
+
+    check_model_paths(settings, "rl.init_from")  # a preset's missing model: at once, naming it
+    require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(writer_lock(target))  # before torch and MLflow load (seconds)
+        from progress_sql import tracking
+        from progress_sql.train.question_scores import score_train_questions
+
+        stack.enter_context(tracking.stage_run("score_questions", settings, corpus_dir=str(corpus_dir)))
+        summary = score_train_questions(settings, corpus_dir, target, progress=progress)
+        metrics = {f"scores/{key}": float(summary[key]) for key in ("scored", "k", "at_0", "between", "at_1", "seconds")}
+        write_json(Path(report_dir) / "scores.json", metrics)
+        tracking.log_metrics(metrics)
+        tracking.log_artifacts(target)
+    return summary
+
+
 def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | None = None,
              resume: bool | str | Path = False, report_dir: str | Path, progress: bool = True,
              on_step: Callable[[int, dict[str, Any]], None] | None = None) -> tuple[RLResult, dict[str, float]]:

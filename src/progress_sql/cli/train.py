@@ -1,7 +1,7 @@
-"""``progress-sql train``: build the tiny policy, SFT warm start, RL (the DVC stages
-``init_model``, ``sft`` and ``train`` run exactly these commands). Each runs inside its nested
-MLflow run; the summary metrics and curves also go to ``--report-dir`` for ``dvc metrics`` and
-``dvc plots``."""
+"""``progress-sql train``: build the tiny policy, SFT warm start, score the train questions, RL
+(the DVC stages ``init_model``, ``sft``, ``score_questions`` and ``train`` run exactly these
+commands). Each runs inside its nested MLflow run; the summary metrics and curves also go to
+``--report-dir`` for ``dvc metrics`` and ``dvc plots``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,37 @@ def sft(
                f"saved {result.out_dir}")
 
 
+@app.command("score")
+def score(
+    ctx: typer.Context,
+    params: ParamsFile = "params.yaml",
+    corpus: CorpusDir = None,
+    out: str = typer.Option(None, "--out", help="Scores folder (default: rl.scores.out_dir)"),
+    report_dir: str = typer.Option("reports/train", "--report-dir", help="Where scores.json goes (dvc metrics)"),
+    overrides: Overrides = [],
+    progress: ProgressBar = True,
+) -> None:
+    """Score the train questions with RL's starting policy (rl.init_from): rl.scores.k single-turn samples each,
+    judged for EX; rl.questions band draws those whose pass rate is inside the band. Scores nothing (and writes
+    empty scores) when rl.questions is not band."""
+    die_with_dvc()
+    settings = load_or_exit(ctx, params, parse_overrides(overrides))
+    with stage_or_exit("score_questions", POLICY_ERRORS, writes=out or settings.rl.scores.out_dir):
+        summary = stages.score_questions(settings, Path(corpus or settings.data.out_dir), out=out,
+                                         report_dir=report_dir, progress=progress)
+    folder = out or settings.rl.scores.out_dir
+    if not summary["scored"]:
+        typer.echo(f"score: {summary['note']}; wrote empty scores to {folder}")
+        return
+    from progress_sql.train.question_scores import in_band
+
+    sc = settings.rl.scores
+    band = sum(n for c, n in enumerate(summary["by_correct"]) if in_band(c / summary["k"], sc))
+    typer.echo(f"score: {summary['scored']} train questions × {summary['k']} samples of {settings.rl.init_from} in "
+               f"{summary['seconds']:.0f} s: {summary['at_0']} never right, {summary['between']} sometimes, "
+               f"{summary['at_1']} always; {band} inside the band {sc.low:g} < rate < {sc.high:g}; saved {folder}")
+
+
 @app.command("rl")
 def rl(
     ctx: typer.Context,
@@ -117,3 +148,7 @@ def rl(
                f"policy saved to {result.final_dir}")
     if result.start:
         typer.echo(f"rl: {result.start}")
+    origin = result.final_from
+    if origin.get("from") == "best":
+        typer.echo(f"rl: the final policy is step {origin['step']}'s, the best check (check/ex {origin['check/ex']:.3f} "
+                   f"on {int(origin['check/n'])} {settings.rl.check.split} questions)")

@@ -62,6 +62,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sha256_tree(folder: Path) -> str:
+    """One sha256 over the names and contents of the files under ``folder`` (bytecode caches aside)."""
+    lines = [f"{p.relative_to(folder).as_posix()} {sha256_file(p)}" for p in sorted(Path(folder).rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts]
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
 def require_intact(corpus_dir: str | Path) -> None:
     """Refuse a damaged corpus: a CorpusError naming each file that differs from the manifest
     and each database that is missing or not SQLite. A missing folder is left to the loaders

@@ -324,6 +324,68 @@ class RLAsyncSettings(_Section):
     devices: list[Annotated[int, Field(ge=0)]] = []
 
 
+class RLScoresSettings(_Section):
+    """``rl.scores``: the train questions scored by RL's starting policy before the run
+    (``progress-sql train score``, the DVC stage ``score_questions``; ``train.question_scores``),
+    which ``rl.questions: band`` draws from. A question gets ``k`` single-turn samples from the
+    rollout sampler (generation.backend at generation.temperature and top_p), each judged for EX
+    as the evaluation judges; its pass rate is correct / k."""
+
+    out_dir: str = "outputs/question_scores"  # scores.jsonl (one line a question) and summary.json
+    k: int = Field(8, ge=1)  # samples a question
+    pool: int = Field(400, ge=0)  # train questions of rl.hardness scored (a seeded sample); 0: all
+    # RL draws the questions whose pass rate lies strictly inside the band, low < rate < high: the
+    # default keeps those answered right in some samples and wrong in others (ZhSQL-R1's rule), so
+    # the rates 0 and 1 are never inside, whatever the band
+    low: float = Field(0.0, ge=0.0, le=1.0)
+    high: float = Field(1.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _band(self) -> "RLScoresSettings":
+        if self.low >= self.high:
+            raise Conflict(f"rl.scores.low ({self.low:g}) must be below rl.scores.high ({self.high:g}): the band "
+                           "low < rate < high would hold no question", "rl.scores.low", "rl.scores.high")
+        return self
+
+
+class RLDynamicSamplingSettings(_Section):
+    """``rl.dynamic_sampling``: DAPO's dynamic sampling (``train.dynamic_sampling``). A group whose
+    G episodes are all equally correct (``signal: ex``) or all equally rewarded (``signal:
+    reward``) has no signal: it is kept out of the update (no forward or backward pass), and more
+    questions are drawn, questions_per_step at a time, until questions_per_step groups have one
+    or ``max_rounds`` draws were made."""
+
+    enabled: bool = False
+    signal: Literal["ex", "reward"] = "ex"
+    # draws of questions_per_step questions a step, the first included; the question stream
+    # advances by all of them every step, drawn or not (ranks and producers agree without asking)
+    max_rounds: int = Field(3, ge=1, le=32)
+
+
+# The splits the check during RL may read: any but the train split RL draws from.
+CHECK_SPLITS = tuple(s for s in (*CORPUS_SPLITS, *sources.VARIANTS) if s != "train")
+
+
+class RLCheckSettings(_Section):
+    """``rl.check``: a check during RL on questions it never draws (``train.check``): greedy
+    single-turn EX, the evaluation's protocol, on the first ``max_questions`` of ``split``. The
+    default split, indomain, holds unseen questions on the train databases; dev and test are
+    what the project reports, and a policy picked on them would look better there than it is."""
+
+    every: int = Field(0, ge=0)  # steps between checks (the run's last step is checked too); 0: off
+    split: Literal[CHECK_SPLITS] = "indomain"  # type: ignore[valid-type]
+    max_questions: int = Field(100, ge=1)
+    # the policy saved as <out>/final: the last one, or the one of the best check (rl_run.json says which step)
+    final: Literal["last", "best"] = "last"
+
+    @model_validator(mode="after")
+    def _best_needs_checks(self) -> "RLCheckSettings":
+        if self.final == "best" and self.every == 0:
+            raise Conflict("rl.check.final best picks the policy of the best check: set rl.check.every above 0 "
+                           "(or rl.check.final: last)", "rl.check.final", "rl.check.every")
+        return self
+
+
 class RLSettings(_Section):
     # `async` is a Python keyword: the field is async_, its key in params.yaml and --set `async`
     model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
@@ -345,8 +407,11 @@ class RLSettings(_Section):
     # right with one greedy output (the eval protocol), found by a pass over them at the start
     # of the run (counted in rl.max_minutes): a small policy gets a correctness signal in most
     # of these groups and in few of the others (docs/experiments/2026-12-02-rl-on-solved-questions.md).
-    questions: Literal["all", "solved"] = "all"
+    # band: only those whose pass rate, scored before the run (rl.scores: `progress-sql train
+    # score`), lies inside the band: the groups likely to be right and wrong in part.
+    questions: Literal["all", "solved", "band"] = "all"
     solved_candidates: int = Field(400, ge=0)  # solved: train questions the pass tries (a seeded sample); 0: all
+    scores: RLScoresSettings = RLScoresSettings()  # rl.questions band: the scores and the band (RLScoresSettings)
     steps: int = Field(6, ge=1)
     max_minutes: float = Field(2.5, gt=0.0)  # wall-clock budget; stops after the running step
     lr: float = Field(1e-4, gt=0.0)
@@ -394,6 +459,8 @@ class RLSettings(_Section):
     log_episodes: int = Field(4, ge=0, le=64)  # episodes a step shown turn by turn in MLflow (best to worst); 0: none
     seed: int = Field(0, ge=0)
     async_: RLAsyncSettings = Field(RLAsyncSettings(), alias="async")  # asynchronous rollouts (RLAsyncSettings)
+    dynamic_sampling: RLDynamicSamplingSettings = RLDynamicSamplingSettings()  # groups without signal left out (DAPO)
+    check: RLCheckSettings = RLCheckSettings()  # EX on questions RL never draws, every few steps; the best kept
 
     @field_validator("recipe")
     @classmethod

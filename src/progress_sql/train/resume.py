@@ -9,24 +9,25 @@ starting policy or package starts the run over instead of mixing two runs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from progress_sql.corpus.integrity import sha256_file
+from progress_sql.corpus.integrity import sha256_file, sha256_tree
 from progress_sql.corpus.records import CorpusLayout
 from progress_sql.params import Settings, dotted_items
 from progress_sql.train.checkpoint import STATE_FILE, list_checkpoints, resume_checkpoint
 from progress_sql.train.distributed import Engine, rank
+from progress_sql.train.question_scores import policy_identity, scores_identity
 
 log = logging.getLogger(__name__)
 
-# The key of RLState.solved_ids in trainer_state.json is "question_pool", rl.questions' name
+# The key of RLState.question_ids in trainer_state.json is "question_pool", rl.questions' name
 # when checkpoints started to hold it: checkpoints written under that name resume with their questions.
-SOLVED_IDS_KEY = "question_pool"
+QUESTION_IDS_KEY = "question_pool"
+BEST_CHECK_KEY = "best_check"
 
 
 @dataclass
@@ -36,21 +37,24 @@ class RLState:
     step: int = 0
     data_position: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    solved_ids: list[str] | None = None  # rl.questions solved: the ids kept, fixed at the start
+    question_ids: list[str] | None = None  # rl.questions solved or band: the ids kept, fixed at the start
     checkpoint: Path | None = None  # the newest one written or resumed from
+    best: dict[str, Any] | None = None  # rl.check: the best check so far ({"step", "check/ex", ...}: train.check)
 
     def saved(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
         """The trainer state a checkpoint records (``save_checkpoint`` adds the step)."""
         state = {"data_position": self.data_position, "history": self.history, "fingerprint": fingerprint}
-        if self.solved_ids is not None:
-            state[SOLVED_IDS_KEY] = self.solved_ids
+        if self.question_ids is not None:
+            state[QUESTION_IDS_KEY] = self.question_ids
+        if self.best is not None:
+            state[BEST_CHECK_KEY] = self.best
         return state
 
     @classmethod
     def restored(cls, saved: dict[str, Any], checkpoint: Path) -> RLState:
         """The state of ``checkpoint``, whose trainer state is ``saved``."""
-        return cls(saved["step"], saved["data_position"], list(saved["history"]), saved.get(SOLVED_IDS_KEY),
-                   checkpoint)
+        return cls(saved["step"], saved["data_position"], list(saved["history"]), saved.get(QUESTION_IDS_KEY),
+                   checkpoint, saved.get(BEST_CHECK_KEY))
 
 
 def resumed_state(engine: Engine, out: Path, resume: bool | str | Path, fingerprint: dict[str, Any],
@@ -77,24 +81,26 @@ def resumed_state(engine: Engine, out: Path, resume: bool | str | Path, fingerpr
 FINGERPRINT_SECTIONS = ("seed", "rl", "generation", "env", "rewards", "odt", "sandbox")
 _NOT_FINGERPRINTED = {"rl.out_dir", "rl.init_from", "rl.steps", "rl.max_minutes", "rl.checkpoint_every",
                       "rl.keep_checkpoints", "rl.save_rollouts", "rl.log_episodes", "rl.async.timeout_s",
-                      "rl.async.threads", "rl.async.devices"}
+                      "rl.async.threads", "rl.async.devices", "rl.scores.out_dir"}
 
 
 def run_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
     """What decides the course of a run, recorded in each checkpoint: ``settings``, those of
     ``FINGERPRINT_SECTIONS`` (flat: ``"rl.lr": 0.001``), and ``inputs``, the sha256 of the train
-    split, of the starting policy's files (its name when it is no folder: a hub id) and of this
-    package's source. A run resumed from a checkpoint of the same fingerprint goes on as the
-    run that wrote it would have."""
+    split, of the starting policy's files (its name when it is no folder: a hub id), of the
+    question scores it draws by (rl.questions band) and of this package's source. A run resumed
+    from a checkpoint of the same fingerprint goes on as the run that wrote it would have."""
     dumped = settings.model_dump(mode="json")
     flat = dotted_items({key: dumped[key] for key in FINGERPRINT_SECTIONS})
     keep_steps = settings.rl.schedule != "constant"
-    init = Path(settings.rl.init_from)
+    inputs = {"train split": sha256_file(layout.split("train")),
+              "starting policy": policy_identity(settings.rl.init_from),
+              "code": sha256_tree(Path(__file__).resolve().parents[1])}
+    if settings.rl.questions == "band":
+        inputs["question scores"] = scores_identity(settings)
     return {"settings": {k: v for k, v in flat.items()
                          if k not in _NOT_FINGERPRINTED or (keep_steps and k == "rl.steps")},
-            "inputs": {"train split": sha256_file(layout.split("train")),
-                       "starting policy": _tree_sha256(init) if init.is_dir() else settings.rl.init_from,
-                       "code": _tree_sha256(Path(__file__).resolve().parents[1])}}
+            "inputs": inputs}
 
 
 def auto_resume_point(out: Path, fingerprint: dict[str, Any], steps: int) -> tuple[bool, str]:
@@ -137,10 +143,3 @@ def _not_resumable(state: dict[str, Any], fingerprint: dict[str, Any], steps: in
     if not isinstance(state.get("step"), int) or state["step"] > steps:
         return f"is past rl.steps ({steps})"
     return ""
-
-
-def _tree_sha256(folder: Path) -> str:
-    """One sha256 over the names and contents of the files under ``folder`` (bytecode caches aside)."""
-    lines = [f"{p.relative_to(folder).as_posix()} {sha256_file(p)}" for p in sorted(folder.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts]
-    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()

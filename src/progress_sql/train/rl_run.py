@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from progress_sql import envs, rewards
-from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl
+from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.envs.db_details import SchemaTexts
 from progress_sql.inference.backends import GenerationBackend, make_backend
 from progress_sql.inference.models import load_policy
@@ -27,6 +27,7 @@ from progress_sql.params import Settings
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
 from progress_sql.train.lora import adapts_tied_head, with_lora
 from progress_sql.train.packing import use_packed_attention
+from progress_sql.train.question_scores import train_questions
 from progress_sql.train.resume import run_fingerprint
 from progress_sql.train.trajectories import max_sequence_tokens
 
@@ -88,10 +89,7 @@ class RLRun:
 def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: contextlib.ExitStack) -> RLRun:
     """Load the policy behind its engine and sampler; what it opens goes on ``resources``."""
     rl, gen = settings.rl, settings.generation
-    train = [ex for ex in read_jsonl(layout.split("train")) if ex.hardness in rl.hardness]
-    if not train:
-        raise CorpusError(f"{layout.split('train')}: no training examples of hardness {', '.join(rl.hardness)} "
-                          "(rl.hardness)")
+    train = train_questions(settings, layout)
     fingerprint = run_fingerprint(settings, layout)
     deepspeed = use_deepspeed(rl.deepspeed)
     prepare_environment(deepspeed)

@@ -7,9 +7,10 @@ sampler: the policy loaded from ``rl.init_from`` behind the ``generation.backend
 transformers one, or a vLLM engine of its own), the recipe and the environments. It draws the
 question stream the trainer would (``train.questions.question_indices`` from the data position
 it was started at), samples whole groups (the G episodes of every question of a step together,
-through ``train.rollouts.sample_step`` with the step's seed), scores and tokenises them, and
-puts one step's batch at a time into a bounded queue, tagged with the step and the *version* of
-the weights it sampled with (the optimizer steps they had taken).
+through ``train.dynamic_sampling.sampled_step`` with the step's seed, as the synchronous loop
+does: with rl.dynamic_sampling, more draws until enough groups have a signal), scores and
+tokenises them, and puts one step's batch at a time into a bounded queue, tagged with the step
+and the *version* of the weights it sampled with (the optimizer steps they had taken).
 
 Weights travel through shared memory (``WeightBoard``): the trainer copies its new parameters
 there after each update, under a lock, and raises the version; before each batch the producer
@@ -82,8 +83,9 @@ class ProducerSpec:
 @dataclass
 class ProducedBatch:
     """One step's rollouts from the producer: its ``StepBatch`` less the tensor (advantages as a
-    list), the weights' ``version``, the data position after its questions, and the seconds
-    the producer spent loading weights (``sync_s``) and waiting for them (``wait_s``)."""
+    list), the weights' ``version``, the data position after its questions, the seconds the
+    producer spent loading weights (``sync_s``) and waiting for them (``wait_s``), and the groups
+    to train (``StepBatch.train_groups``)."""
 
     step: int
     version: int
@@ -96,10 +98,11 @@ class ProducedBatch:
     generate_s: float
     sync_s: float
     wait_s: float
+    train_groups: list[int] | None = None
 
     def step_batch(self) -> StepBatch:
         return StepBatch(self.episodes, self.scored, self.trajs, torch.tensor(self.advantages, dtype=torch.float32),
-                         self.rollout_s, self.generate_s)
+                         self.rollout_s, self.generate_s, self.train_groups)
 
 
 @dataclass
@@ -336,7 +339,8 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
     from progress_sql import rewards  # noqa: PLC0415 - the producer's own imports
     from progress_sql.corpus.records import CorpusLayout  # noqa: PLC0415
     from progress_sql.envs.db_details import SchemaTexts  # noqa: PLC0415
-    from progress_sql.train.questions import question_indices  # noqa: PLC0415
+    from progress_sql.train.dynamic_sampling import sampled_step  # noqa: PLC0415
+    from progress_sql.train.questions import step_stride  # noqa: PLC0415
     from progress_sql.train.rl_run import env_factory_for  # noqa: PLC0415
     from progress_sql.train.rollouts import sample_step, step_seed  # noqa: PLC0415
     from progress_sql.train.trajectories import max_sequence_tokens  # noqa: PLC0415
@@ -351,7 +355,6 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
     judge = rewards.make_judge(recipe.settings_of(settings).weights) if recipe.uses_judge else None
     env_factory = env_factory_for(settings, recipe, SchemaTexts.for_corpus(layout, settings.env.prompt_style))
     max_tokens = max_sequence_tokens(settings.generation, env_factory().max_turns)
-    per_rank = rl.questions_per_step
     position, version = spec.data_position, -1
     for step in range(spec.first_step, rl.steps + 1):
         # weights at most max_staleness steps behind those that will train this batch (step − 1)
@@ -369,14 +372,17 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
         sync_s = time.monotonic() - synced
         if stop.value:
             return
-        drawn = question_indices(len(spec.train), position, per_rank * spec.world, rl.seed)
-        position += len(drawn)
-        questions = [spec.train[i] for i in drawn[spec.rank * per_rank:(spec.rank + 1) * per_rank]]
-        batch = sample_step(settings, chat, recipe, judge, env_factory, layout.database, questions,
-                            seed=step_seed(rl.seed, step, spec.rank), max_tokens=max_tokens)
+        def sample(questions: list, draw: int, first_group: int, step: int = step) -> StepBatch:
+            return sample_step(settings, chat, recipe, judge, env_factory, layout.database, questions,
+                               seed=step_seed(rl.seed, step, spec.rank, draw), max_tokens=max_tokens,
+                               first_group=first_group)
+
+        batch = sampled_step(settings, spec.train, position, sample, spec.rank, spec.world)
+        position += step_stride(rl, spec.world)
         for ep in batch.episodes:
             ep.tokens = None  # its trajectory holds them: not sent twice
         produced = ProducedBatch(step, version, position, batch.episodes, batch.scored, batch.trajs,
-                                 batch.advantages.tolist(), batch.rollout_s, batch.generate_s, sync_s, wait_s)
+                                 batch.advantages.tolist(), batch.rollout_s, batch.generate_s, sync_s, wait_s,
+                                 batch.train_groups)
         if not _put(out, produced, stop):
             return

@@ -4,8 +4,9 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
 
     train      ← the train questions of rl.hardness; with rl.questions solved, only those of
                  rl.solved_candidates of them that the starting policy answers with one greedy
-                 output (kept in the checkpoints)
-    for step in 1..rl.steps (or until rl.max_minutes, which also covers that greedy pass):
+                 output; with band, those whose pass rate, scored before the run (rl.scores:
+                 `progress-sql train score`), lies inside the band (either kept in the checkpoints)
+    for step in 1..rl.steps (or until rl.max_minutes, which also covers that greedy pass and the checks):
         questions  ← the next questions_per_step questions of train (a seeded permutation
                      per epoch)
         episodes   ← envs.rollout(rl.env, ChatModel.policy, every question × G)   model in eval mode;
@@ -13,13 +14,18 @@ The whole loop is ``run_rl``, one screen per phase (nano-aha-moment style):
         rewards    ← rewards.get(rl.recipe)(episode.trajectory())
         advantages ← per group of G: (r − mean)/(std + ε)   (Dr.GRPO: r − mean); negative ones
                      × rl.negative_advantage_scale
+        rl.dynamic_sampling: groups without signal (G episodes equally correct) left out of the
+                     update; questions_per_step more questions drawn, up to max_rounds draws,
+                     until questions_per_step groups have one (train.dynamic_sampling)
         old logp   ← the current policy's own (detached: one update per batch), or one no-grad
                      forward of the same micro-batches before the first update (several passes)
         for pass in 1..updates_per_batch:                                      model in train mode
             for micro-batch (by length; rl.micro_batch_tokens or rl.micro_batch_size):
                 loss share → backward → engine.step()                    (updates after the last)
+        rl.check: every rl.check.every steps and the last, greedy EX on questions RL never draws
+                     (check/ex; train.check), the best check's policy kept (rl.check.final best)
         metrics → metrics.jsonl, on_step, progress bar; checkpoint every checkpoint_every steps
-    final policy → <out>/final (save_pretrained + tokenizer)
+    final policy → <out>/final (save_pretrained + tokenizer): the last, or the best check's
 
 Old log-probabilities come from the trainer's forward, not from the sampler: the sampler's come
 from a left-padded KV-cached decode (vLLM: another kernel, maybe bf16) and differ in the last
@@ -35,8 +41,10 @@ same function.
 Around the loop: ``train.rl_run`` opens the run (``RLRun``: policy, engine, sampler, reward,
 environments), ``train.questions`` picks and orders its questions, ``train.resume`` holds its
 state (``RLState``) and decides whether it goes on from a checkpoint, ``train.rollouts`` samples
-a step's groups. With ``rl.async`` a producer process (``train.rollout_producer``) samples the
-next steps while the loop updates, with weights at most ``rl.async.max_staleness`` updates old;
+a step's groups, ``train.dynamic_sampling`` draws them and picks those the update trains on,
+``train.check`` checks the policy on unseen questions and keeps the best. With ``rl.async`` a
+producer process (``train.rollout_producer``) samples the next steps while the loop updates,
+with weights at most ``rl.async.max_staleness`` updates old;
 the update then takes the old log-probabilities as the proximal policy (recomputed as above) and
 weights each token by its truncated importance weight to the sampler's (``train.losses``).
 """
@@ -59,13 +67,15 @@ from progress_sql import envs, rewards
 from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.files import write_json_lines
 from progress_sql.params import RLSettings, Settings
+from progress_sql.train.check import BEST_DIR, check_questions, check_step, due, final_origin, keep_only_best
 from progress_sql.train.checkpoint import save_checkpoint
 from progress_sql.train.distributed import rank, world_size
+from progress_sql.train.dynamic_sampling import agree_on_groups, group_signal, sampled_step
 from progress_sql.train.logprobs import token_logprobs
 from progress_sql.train.lora import adapters_disabled
 from progress_sql.train.losses import grpo_loss, gspo_loss
 from progress_sql.train.packing import TokenBatch, micro_batches, token_batch
-from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, next_questions, rl_questions
+from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, rl_questions, step_stride
 from progress_sql.train.resume import RLState, resumed_state
 from progress_sql.train.rl_run import RLRun, open_run
 from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer, policy_weights
@@ -87,6 +97,7 @@ class RLResult:
     last_checkpoint: Path | None = None
     questions: int = 0  # train questions drawn from (rl.hardness, rl.questions)
     start: str = ""  # resume="auto": where the run started and why
+    final_from: dict[str, Any] = field(default_factory=dict)  # which policy final is (rl.check.final; rl_run.json)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -125,10 +136,11 @@ def micro_batch_loss(
     return loss, stats
 
 
-def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput) -> dict[str, Any]:
+def _episode_record(ep: envs.Episode, traj: TokenizedTrajectory, out: rewards.RewardOutput, trained: bool
+                    ) -> dict[str, Any]:
     return {"example_id": ep.example.id, "db_id": ep.example.db_id, "group": traj.group_id,
             "reward": out.total, "components": out.components, "k_star": ep.k_star, "correct": ep.correct,
-            "turns": ep.K, "texts": [t.text for t in ep.turns],
+            "turns": ep.K, "texts": [t.text for t in ep.turns], "trained": trained,
             "input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "truncated": traj.truncated}
 
 
@@ -142,10 +154,11 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
     if state is not None:
         with run.engine.gathered():
             run.backend.sync_weights(run.engine.module)
+        keep_only_best(run, state)  # rl.check: the best policy the checkpoint knows, no later one
     else:
         state = RLState()
         if run.is_rank0:  # a fresh run: nothing of an earlier run in out_dir may be mistaken for this one's
-            for stale in ("checkpoints", "rollouts", "final"):
+            for stale in ("checkpoints", "rollouts", "final", BEST_DIR):
                 shutil.rmtree(out / stale, ignore_errors=True)
             (out / SOLVED_QUESTIONS_FILE).unlink(missing_ok=True)
     if run.is_rank0:
@@ -154,13 +167,24 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
     return state, start
 
 
-def rollout_step(run: RLRun, questions: list[Example], step: int) -> StepBatch:
-    """G episodes of each question (eval mode; ZeRO-3 gathers the full weights for the
-    sampler), scored by the recipe, tokenised, with their group advantages (``train.rollouts``)."""
+def rollout_step(run: RLRun, train: list[Example], state: RLState) -> StepBatch:
+    """Step ``state.step``'s groups from the next questions of ``train`` (eval mode; ZeRO-3
+    gathers the full weights for the sampler): G episodes of each question, scored by the
+    recipe, tokenised, with their group advantages (``train.rollouts``); with
+    rl.dynamic_sampling, drawn until enough groups have a signal (``train.dynamic_sampling``).
+    The data position moves past the step."""
+    s = run.settings
+
+    def sample(questions: list[Example], draw: int, first_group: int) -> StepBatch:
+        return sample_step(s, run.chat, run.recipe, run.judge, run.env_factory, run.layout.database, questions,
+                           seed=step_seed(s.rl.seed, state.step, rank(), draw), max_tokens=run.max_tokens,
+                           first_group=first_group)
+
     run.engine.module.eval()
     with run.engine.gathered():
-        return sample_step(run.settings, run.chat, run.recipe, run.judge, run.env_factory, run.layout.database,
-                           questions, seed=step_seed(run.settings.rl.seed, step, rank()), max_tokens=run.max_tokens)
+        batch = sampled_step(s, train, state.data_position, sample, rank(), world_size())
+    state.data_position += step_stride(s.rl, world_size())
+    return batch
 
 
 def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = None, version: int = 0
@@ -172,9 +196,8 @@ def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = No
     of the first pass), and the new weights go to the producer as ``version``."""
     rl, gen, engine = run.settings.rl, run.settings.generation, run.engine
     started = time.monotonic()
-    trajs = batch.trajs
     share = rl.packing and rl.shared_prefix  # a group's prompt runs once in its micro-batch
-    tokens, advantages = update_batches(run, batch, share)
+    trajs, tokens, advantages = update_batches(run, batch, share)
     num_tokens = float(sum(t.sampled_tokens for t in trajs))
     stats = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio": 0.0, "sampler_gap": 0.0, "lr": engine.lr}
     weighed = 0.0
@@ -225,16 +248,22 @@ def optimise(run: RLRun, batch: StepBatch, producer: RolloutProducer | None = No
     return stats
 
 
-def update_batches(run: RLRun, batch: StepBatch, share: bool) -> tuple[list[TokenBatch], list[torch.Tensor]]:
-    """The batch's micro-batches on the engine's device (by length: rl.micro_batch_tokens or
-    rl.micro_batch_size; ``share``: a group's prompt once in its micro-batch) and their advantages."""
-    rl, trajs, device = run.settings.rl, batch.trajs, run.engine.device
+def update_batches(run: RLRun, batch: StepBatch, share: bool
+                   ) -> tuple[list[TokenizedTrajectory], list[TokenBatch], list[torch.Tensor]]:
+    """The trajectories the update trains on (``StepBatch.trained``; with rl.dynamic_sampling as
+    many groups on every rank: an all-reduce), their micro-batches on the engine's device (by
+    length: rl.micro_batch_tokens or rl.micro_batch_size; ``share``: a group's prompt once in its
+    micro-batch) and their advantages."""
+    rl, device = run.settings.rl, run.engine.device
+    agree_on_groups(run.settings, batch, device)
+    trained = batch.trained()
+    trajs, advantages = [batch.trajs[i] for i in trained], batch.advantages[trained]
     chunks = micro_batches([len(t.input_ids) for t in trajs], rl.micro_batch_size, rl.micro_batch_tokens,
                            packed=rl.packing, groups=[t.group_id for t in trajs] if share else None)
     tokens = [token_batch([trajs[i] for i in c], packed=rl.packing, pad_id=int(run.chat.tokenizer.pad_token_id),
                           device=device, share_prefix=share, min_shared=rl.shared_prefix_min_tokens,
                           query_block=rl.attention_query_block) for c in chunks]
-    return tokens, [batch.advantages[c].to(device) for c in chunks]
+    return trajs, tokens, [advantages[c].to(device) for c in chunks]
 
 
 def reference_logprobs(run: RLRun, batch: TokenBatch) -> torch.Tensor | None:
@@ -250,10 +279,14 @@ def reference_logprobs(run: RLRun, batch: TokenBatch) -> torch.Tensor | None:
 
 
 def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -> dict[str, Any]:
-    """The line of ``metrics.jsonl`` for one step (less its timing of the whole step)."""
+    """The line of ``metrics.jsonl`` for one step (less its timing of the whole step). Its
+    rewards, EX and lengths are of every group drawn; loss, KL and the update's sizes of the
+    groups trained (rl.dynamic_sampling keeps those without signal out)."""
     G, eps, trajs = run.settings.rl.group_size, batch.episodes, batch.trajs  # noqa: N806 - the paper's G
     totals = np.array([t.reward for t in trajs])
     sampled = np.array([t.sampled_tokens for t in trajs])
+    trained = set(batch.train_groups) if batch.train_groups is not None else set(range(len(trajs) // G))
+    rewards_differ = group_signal(batch, "reward", G)
     metrics: dict[str, Any] = {
         "step": step,
         "reward/mean": float(totals.mean()),
@@ -263,6 +296,11 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
         # groups whose G rollouts differ in correctness: the only ones that teach it
         "groups/mixed_ex": float(np.mean([0 < sum(ep.correct for ep in eps[g:g + G]) < G
                                           for g in range(0, len(eps), G)])),
+        "groups/drawn": float(len(rewards_differ)),  # rl.dynamic_sampling: more than questions_per_step
+        "groups/signal": float(sum(group_signal(batch, run.settings.rl.dynamic_sampling.signal, G))),
+        "episodes/updated": float(len(trained) * G),  # the episodes the update trained on
+        # of those, the ones in a group whose rewards differ (the others' advantages are 0)
+        "episodes/useful": float(sum(G for g, differ in enumerate(rewards_differ) if differ and g in trained)),
         **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in eps]))
            for t in range(1, run.max_turns + 1)},
         "turns/mean": float(np.mean([ep.K for ep in eps])),
@@ -301,8 +339,10 @@ def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch
     write_json_lines(run.out / "metrics.jsonl", [metrics], append=True)
     if rl.save_rollouts:
         name = f"step-{step}.jsonl" if world_size() == 1 else f"step-{step}.rank-{rank()}.jsonl"
+        trained = set(batch.trained())
         write_json_lines(run.out / "rollouts" / name,
-                         [_episode_record(ep, t, r) for ep, t, r in zip(batch.episodes, batch.trajs, batch.scored)])
+                         [_episode_record(ep, t, r, i in trained)
+                          for i, (ep, t, r) in enumerate(zip(batch.episodes, batch.trajs, batch.scored))])
     if on_step is not None:
         on_step(step, metrics)
     if on_episodes is not None and rl.log_episodes:
@@ -310,23 +350,30 @@ def record_step(run: RLRun, step: int, metrics: dict[str, Any], batch: StepBatch
                            for i in spread([t.reward for t in batch.trajs], rl.log_episodes)])
 
 
-def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example], train_s: float) -> Path:
-    """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``),
-    written under a temporary name and renamed when complete: a full disk leaves no half policy
-    where ``eval`` would load it."""
+def save_final(run: RLRun, state: RLState, stopped_by: str, train: list[Example], train_s: float
+               ) -> tuple[Path, dict[str, Any]]:
+    """The trained policy in ``<out>/final`` (``save_pretrained`` + tokenizer, ``rl_run.json``):
+    the last one, or with rl.check.final best the best check's (``train.check``; rl_run.json's
+    ``final`` says which, with the check figures). Written under a temporary name and renamed
+    when complete: a full disk leaves no half policy where ``eval`` would load it."""
     final, partial = run.out / "final", run.out / ".final.partial"
     if run.is_rank0:
         shutil.rmtree(partial, ignore_errors=True)
-    run.engine.module.eval()
-    run.engine.save_pretrained(partial, run.chat.tokenizer)
+    best, origin = final_origin(run, state)
+    if best is None:
+        run.engine.module.eval()
+        run.engine.save_pretrained(partial, run.chat.tokenizer)
+    elif run.is_rank0:
+        shutil.copytree(best, partial)
     if run.is_rank0:
         summary = {"steps": state.step, "stopped_by": stopped_by, "engine": run.engine.kind,
                    "zero_stage": run.engine.zero_stage, "questions": len(train), "questions_s": train_s,
-                   "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {}}
+                   "rl": run.settings.rl.model_dump(), "last": state.history[-1] if state.history else {},
+                   "final": origin}
         (partial / "rl_run.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-    return final
+    return final, origin
 
 
 # ----------------------------------------------------------------------------- rl.async
@@ -373,12 +420,13 @@ def train_step(run: RLRun, train: list[Example], state: RLState, producer: Rollo
     producer's batch), the update, and the step's metrics with its timing."""
     started = time.monotonic()
     if producer is None:
-        batch = rollout_step(run, next_questions(run, train, state), state.step)
+        batch = rollout_step(run, train, state)
         metrics = step_metrics(run, state.step, batch, optimise(run, batch))
     else:
         batch, metrics = async_step(run, producer, state)
     metrics["step_s"] = time.monotonic() - started
     metrics["trajectories_per_s"] = len(batch.trajs) / max(metrics["step_s"], 1e-9)
+    metrics["episodes/useful_per_min"] = metrics["episodes/useful"] / max(metrics["step_s"] / 60, 1e-9)
     return batch, metrics
 
 
@@ -406,35 +454,38 @@ def run_rl(
     The generation backend and the engine are closed however the run ends: a vLLM engine's
     processes stop, and a process group the run opened is destroyed.
     """
-    rl = settings.rl
+    rl, layout = settings.rl, CorpusLayout(Path(corpus_dir))
     out = Path(out_dir if out_dir is not None else rl.out_dir)
+    checked = check_questions(settings, layout)  # rl.check's questions (none when off): a missing split fails first
     with contextlib.ExitStack() as resources:
-        run = open_run(settings, CorpusLayout(Path(corpus_dir)), out, resources)
+        run = open_run(settings, layout, out, resources)
         state, start = start_or_resume(run, resume)
-        started = time.monotonic()  # rl.max_minutes covers rl.questions' greedy pass too
+        started = time.monotonic()  # rl.max_minutes covers rl.questions' greedy pass and rl.check too
         train = rl_questions(run, state)
         train_s = time.monotonic() - started
-        # rl.async: a producer process samples the next steps meanwhile (train.rollout_producer)
-        producer = start_producer(run, state, train, resources) if rl.async_.enabled else None
+        producer = start_producer(run, state, train, resources) if rl.async_.enabled else None  # rl.async
         bar = tqdm(total=rl.steps, initial=state.step, disable=not (progress and run.is_rank0), desc="rl", unit="step")
         stopped_by = "steps"
         while state.step < rl.steps:
             state.step += 1
             batch, metrics = train_step(run, train, state, producer)
+            # rank 0's decision on every rank: the time budget stops all ranks together, after the step
+            out_of_time = run.engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
+            if due(rl, state.step, last=out_of_time or state.step == rl.steps):
+                metrics.update(check_step(run, state, checked))
             state.history.append(metrics)
             record_step(run, state.step, metrics, batch, on_step, on_episodes)
             bar.update(1)  # rank 0's bar (the others' is disabled)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", ex=f"{metrics['ex']:.2f}", loss=f"{metrics['loss']:.4f}")
-            # rank 0's decision on every rank: the time budget stops all ranks together, after the step
-            out_of_time = run.engine.broadcast_flag(time.monotonic() - started > rl.max_minutes * 60)
             if out_of_time and state.step < rl.steps:
                 stopped_by = "time"
             if state.step % rl.checkpoint_every == 0 or state.step == rl.steps or out_of_time:
                 state.checkpoint = save_checkpoint(run.engine, out, state.step, state.saved(run.fingerprint),
                                                    rl.keep_checkpoints)
+                keep_only_best(run, state)  # the checkpoint records the best check: older bests go
             if out_of_time:
                 break
         bar.close()
-        final = save_final(run, state, stopped_by, train, train_s)
+        final, final_from = save_final(run, state, stopped_by, train, train_s)
     return RLResult(out, final, state.step, stopped_by, state.history, state.checkpoint, questions=len(train),
-                    start=start)
+                    start=start, final_from=final_from)
