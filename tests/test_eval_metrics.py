@@ -237,3 +237,45 @@ def test_writers_produce_json_csv_and_png(tmp_path: Path):
         path = fn(data, tmp_path / f"{fn.__name__}-{len(data)}.png")
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporaries
+
+
+# ----------------------------------------------------------------------------- second turns (issue 53)
+def test_second_turn_counts_fixes_and_repeats_of_real_turns(school_db):
+    """Of the episodes with a second turn: wrong first turns mended at turn 2, and second turns
+    whose SQL is the first's (whitespace, a final ';' and the case of names aside; a literal's
+    case counts). A question that cannot be judged counts in the repeats only."""
+    from conftest import GOLD, WRONG, answer
+    from progress_sql.rewards import make_turn
+    from progress_sql.sql.settings import SandboxSettings
+
+    def turns(*sqls, sandbox=None):
+        return [make_turn(answer(sql) if sql else "no sql", "think_sql", school_db, GOLD, sandbox) for sql in sqls]
+
+    older = "SELECT name FROM student WHERE age > 22"
+    too_large = SandboxSettings(max_rows=2)
+    episodes = [
+        turns(WRONG, GOLD),  # fixed
+        turns(WRONG, "select  NAME from Student;"),  # a repeat
+        turns(GOLD),  # right at once: no second turn
+        turns(None, None),  # no SQL twice: wrong, not a repeat
+        turns(older, "SELECT name FROM student WHERE name = 'S1'"),  # another wrong query
+        turns("SELECT name FROM student WHERE name = 's1'", "SELECT name FROM student WHERE name = 'S1'"),
+        turns(WRONG, WRONG, sandbox=too_large),  # cannot be judged
+    ]
+    assert episodes[0][1].correct and episodes[-1][0].unjudged
+    assert metrics.second_turn_counts(episodes) == {"wrong_at_1": 5, "fixed": 1, "fix_rate": 0.2, "second_turns": 6,
+                                                    "repeats": 2, "repeat_rate": pytest.approx(2 / 6)}
+    assert metrics.second_turn_counts([episodes[2]]) == {"wrong_at_1": 0, "fixed": 0, "fix_rate": None,
+                                                         "second_turns": 0, "repeats": 0, "repeat_rate": None}
+
+
+def test_the_report_shows_second_turns_of_the_multi_turn_protocol():
+    m = mode_metrics([outcome(False), outcome(True)])
+    m.update(mean_turns=2.0, solution_rate=1.0, turn2={"wrong_at_1": 186, "fixed": 2, "fix_rate": 2 / 186,
+                                                         "second_turns": 186, "repeats": 137, "repeat_rate": 137 / 186})
+    text = reports.markdown_report("tiny", {"dev": {"n": 2, "multi_turn": m, "gold_errors": 0}},
+                                   EvalSettings(multi_turn=True))
+    assert "## Multi-turn: second turns (counts, rates in %)" in text
+    assert "| Dev | 186 | 2 | 1.1 | 186 | 137 | 73.7 |" in text
+    no_multi = reports.markdown_report("tiny", _metrics(), EvalSettings())
+    assert "second turns" not in no_multi

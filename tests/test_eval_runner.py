@@ -166,6 +166,49 @@ def test_golds_past_max_rows_are_counted_apart_not_as_wrong_answers(corpus, tmp_
                and "raise sandbox.max_rows or fix the questions" in note for note in result.notes)
 
 
+class ProbeThenAnswer:
+    """The SQL-tool protocol with known turns: turn 1 probes a wrong query; turn 2 answers the
+    gold for questions of even length (a fix) and submits the probe again, respaced and in
+    lower case, for odd ones (a repeat). Greedy single-turn answers are wrong."""
+
+    name = "probe-then-answer"
+
+    def complete(self, requests, *, n, temperature, top_p, seed):
+        out = []
+        for r in requests:
+            turn = 1 + sum(m["role"] == "assistant" for m in r.messages)
+            if r.fmt != "trail":
+                text = f"<think>t</think><sql>{WRONG}</sql>"
+            elif turn == 1:
+                text = f"<think>probe</think><sql>{WRONG}</sql>"
+            elif len(r.example.question) % 2 == 0:
+                text = f"<think>done</think><solution>{r.example.gold_sql}</solution>"
+            else:
+                text = f"<think>done</think><solution>{WRONG.lower().replace(' ', '  ')};</solution>"
+            out.append([Completion(text, 5, "stop")] * n)
+        return out
+
+
+def test_multi_turn_counts_fixes_and_repeats_at_turn_2(corpus, tmp_path):
+    """Issue 53: the multi-turn pass reports wrong first turns fixed at turn 2 and second turns
+    that repeat the first, in metrics.json and report.md."""
+    settings = make_settings(eval={"splits": ["dev"], "vote_k": 0, "pass_k": 0, "multi_turn": True, "ts": False,
+                                   "max_examples": 10})
+    result = run_eval(settings, ProbeThenAnswer(), corpus, None, tmp_path / "eval", progress=False)
+    examples = list(read_jsonl(CorpusLayout(corpus).split("dev")))[:10]
+    even = sum(len(ex.question) % 2 == 0 for ex in examples)
+    assert 0 < even < 10
+    m = result.metrics["dev"]["multi_turn"]
+    assert m["ex"] == even / 10 and m["mean_turns"] == 2.0
+    assert m["turn2"] == {"wrong_at_1": 10, "fixed": even, "fix_rate": even / 10, "second_turns": 10,
+                          "repeats": 10 - even, "repeat_rate": (10 - even) / 10}
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["dev"]["multi_turn"]["turn2"] == m["turn2"]
+    assert result.flat["dev/multi_turn/turn2/fix_rate"] == even / 10
+    report = (tmp_path / "eval" / "report.md").read_text()
+    row = f"| Dev | 10 | {even} | {100 * even / 10:.1f} | 10 | {10 - even} | {100 * (10 - even) / 10:.1f} |"
+    assert "## Multi-turn: second turns" in report and row in report
+
+
 # ----------------------------------------------------------------------------- a real tiny model
 @pytest.fixture(scope="module")
 def tiny_model(corpus, tmp_path_factory):

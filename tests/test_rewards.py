@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -39,6 +41,8 @@ from progress_sql.rewards.sql_trail import tool_calls
 from progress_sql.sql import execute, hardness
 from progress_sql.sql.parse import SQLParseError, parse_one
 from progress_sql.sql.result import ExecResult
+
+from conftest import REPO
 
 S = default_settings()
 W = S.rewards
@@ -200,7 +204,7 @@ class TestProgress:
     def test_first_turn_correct(self):
         out = self.recipe(traj(turn(think(GOLD), correct=True)), W)
         # single turn: Δ = 0 → ω_align−; correct at k* = 1: ω_acc·γ^0; executable → executable: ω_keep
-        assert out.components == {"align": P.align_neg, "late": P.acc, "exec": P.keep, "format": P.format}
+        assert out.components == {"align": P.align_neg, "late": P.acc, "exec": P.keep, "format": P.format, "improve": 0.0}
         assert out.total == pytest.approx(P.align_neg + P.acc + P.keep + P.format)
         assert (out.info["k_star"], out.info["K"], out.info["delta"]) == (1, 1, 0.0)
         assert_output(out, "progress")
@@ -212,14 +216,15 @@ class TestProgress:
         out = self.recipe(traj(*turns), W)
         assert out.info["F_first"] == 0.0 and out.info["F_last"] == pytest.approx(1.0)
         assert out.components == pytest.approx(
-            {"align": P.align_pos * 1.0, "late": P.acc * P.gamma ** (k - 1), "exec": P.recover, "format": P.format})
+            {"align": P.align_pos * 1.0, "late": P.acc * P.gamma ** (k - 1), "exec": P.recover, "format": P.format,
+             "improve": 0.0})
         assert out.info["k_star"] == k == out.info["K"]
 
     def test_never_correct_stagnant(self):
         same = think("SELECT name FROM student")
         out = self.recipe(traj(*[turn(same)] * 4), W)
         assert out.info["delta"] == 0.0 and out.info["k_star"] is None
-        assert out.components == {"align": P.align_neg, "late": 0.0, "exec": P.keep, "format": P.format}
+        assert out.components == {"align": P.align_neg, "late": 0.0, "exec": P.keep, "format": P.format, "improve": 0.0}
 
     def test_positive_progress_without_success(self):
         pred = "SELECT name FROM student"
@@ -235,7 +240,8 @@ class TestProgress:
         last = Turn(text="SELEC name FRM student", sql=None, result=None, correct=False)
         out = self.recipe(traj(first, last), W)
         assert out.info["F_last"] == 0.0 and out.info["delta"] < 0
-        assert out.components == {"align": P.align_neg, "late": 0.0, "exec": P.deteriorate, "format": 0.0}
+        assert out.components == {"align": P.align_neg, "late": 0.0, "exec": P.deteriorate, "format": 0.0,
+                                  "improve": 0.0}
 
     def test_unparsable_sql_uses_lexical_fallback(self):
         bad = "SELEC name FROM student WHERE age > 20"  # sqlglot cannot parse it
@@ -259,11 +265,63 @@ class TestProgress:
 
     def test_progress_terms_and_first_correct_turn(self):
         terms = progress_terms(0.5, 2, 4, False, True, True, P)
-        assert terms == {"align": P.align_pos * 0.5, "late": P.acc * P.gamma, "exec": P.recover, "format": P.format}
+        assert terms == {"align": P.align_pos * 0.5, "late": P.acc * P.gamma, "exec": P.recover, "format": P.format,
+                         "improve": 0.0}
         assert progress_terms(-0.2, None, 4, False, False, False, P) == {
-            "align": P.align_neg, "late": 0.0, "exec": 0.0, "format": 0.0}
+            "align": P.align_neg, "late": 0.0, "exec": 0.0, "format": 0.0, "improve": 0.0}
         t = traj(turn("a"), turn("b", correct=True), turn("c", correct=True))
         assert first_correct_turn(t) == 2
+
+    # ------------------------------------------------------------------ issue 53: revising options
+    def test_improvement_bonus_pays_wrong_to_right_and_charges_right_to_wrong(self):
+        """rewards.progress.improve = α adds α·(c_K − c_1); the other terms stay as they were."""
+        alpha = 0.3
+        bonus = RewardSettings(progress={"improve": alpha})
+        wrong, right = turn(think("SELECT 1")), turn(think(GOLD), correct=True)
+        for turns, change in (((wrong, right), 1), ((right, wrong), -1), ((right,), 0), ((wrong, wrong), 0)):
+            paper, out = self.recipe(traj(*turns), W), self.recipe(traj(*turns), bonus)
+            assert out.components == {**paper.components, "improve": alpha * change}, turns
+            assert out.total == pytest.approx(paper.total + alpha * change)
+            assert paper.components["improve"] == 0.0  # the default: the paper's reward
+        assert self.recipe.bounds(bonus) == pytest.approx(
+            (self.recipe.min_reward(W) - alpha, self.recipe.max_reward(W) + alpha))
+
+    def test_a_repeated_final_sql_earns_no_align_or_exec_credit_when_asked(self):
+        """rewards.progress.repeat_credit: false: a final SQL equal to an earlier turn's, up to
+        whitespace, a final ';' and the case of keywords and names, earns neither R_exec's keep /
+        recover nor a positive R_align; a deterioration keeps its malus. Default: the paper's."""
+        strict = RewardSettings(progress={"repeat_credit": False})
+        first = "SELECT name FROM student WHERE age > 21"
+        again = turn(think("select  NAME\nfrom Student where AGE>21 ;"))
+        kept = traj(turn(think(first)), again)
+        assert self.recipe(kept, W).components["exec"] == P.keep and self.recipe(kept, W).info["repeat"]
+        assert self.recipe(kept, strict).components == {"align": P.align_neg, "late": 0.0, "exec": 0.0,
+                                                       "format": P.format, "improve": 0.0}
+        # turn 3 repeats turn 2, which recovered from no SQL and got closer to the gold
+        closer = traj(turn("no sql"), turn(think(first)), again)
+        paper, out = self.recipe(closer, W), self.recipe(closer, strict)
+        assert paper.components["align"] > 0 and paper.components["exec"] == P.recover
+        assert (out.components["align"], out.components["exec"]) == (P.align_neg, 0.0)
+        broken = turn(think("SELEC name FROM student"), runs=False)
+        worse = traj(turn(think(first)), broken, broken)
+        assert self.recipe(worse, strict).components["exec"] == P.deteriorate
+        # not repeats: a literal of another case, no SQL twice, another query
+        by_name = think("SELECT name FROM student WHERE name = 's1'")
+        for texts in ((by_name, think("SELECT name FROM student WHERE name = 'S1'")), ("no sql", "no sql"),
+                      (by_name, think(GOLD))):
+            t = traj(*map(turn, texts))
+            assert self.recipe(t, strict) == self.recipe(t, W) and not self.recipe(t, W).info["repeat"], texts
+
+    @pytest.mark.parametrize("key, value, why", [("improve", "-1", "greater than or equal to 0"),
+                                                 ("improve", "lots", "a valid number"),
+                                                 ("repeat_credit", "maybe", "a valid boolean")])
+    def test_bad_revising_options_exit_2_naming_the_key(self, key, value, why, tmp_path):
+        exe = Path(sys.executable).with_name("progress-sql")
+        done = subprocess.run([str(exe), "train", "rl", "--params", str(REPO / "params.yaml"),
+                               "--set", f"rewards.progress.{key}={value}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert f"rewards.progress.{key}: Input should be {why}" in done.stderr and "Traceback" not in done.stderr
 
 
 # ============================================================================ oneshot

@@ -5,6 +5,8 @@
    turn k* grows 1..T, and a never-correct trajectory's bound lies strictly below k* = T's.
    Derived three ways that must agree: the closed form, a maximisation over Δ of the recipe's
    own arithmetic (``progress_terms``), and the recipe evaluated on best-case trajectories.
+   With the improvement bonus (``improve`` = α) it holds while α is under the gap between the
+   bounds of k* = 1 and k* = 2; the default reward is the paper's Eq. (1)-(4).
 2. Every recipe's output lies in [min_reward, max_reward] and is deterministic.
 3. Fuzz: random text, truncated and mutated real queries never raise in any recipe.
 """
@@ -20,6 +22,8 @@ from hypothesis import strategies as st
 from progress_sql import rewards
 from progress_sql.params import load_settings
 from progress_sql.rewards import LocalJudge, Trajectory, Turn, parse_output
+from progress_sql.odt import structural_score
+from progress_sql.rewards.components import executable, ngram_similarity
 from progress_sql.rewards.progress import progress_terms
 from progress_sql.sql.result import ExecResult
 
@@ -64,29 +68,32 @@ def think(sql: str) -> str:
 
 
 # ============================================================================ 1. reward analysis
-def bound_closed_form(k_star: int | None) -> float:
+def bound_closed_form(k_star: int | None, w=P) -> float:
     """max R over trajectories whose first correct turn is k* (None: never), rollouts stopping
     at the first correct turn (K = k*, Algorithm 1). k* = 1 is a one-turn trajectory: y_K = y_1,
-    so Δ = 0 and executability cannot change (keep)."""
+    so Δ = 0 and executability cannot change (keep). A later k* is a fix: c_K − c_1 = 1."""
     if k_star == 1:
-        return P.format + P.keep + P.acc + P.align_neg
-    late = P.acc * P.gamma ** (k_star - 1) if k_star is not None else 0.0
-    return P.format + max(P.keep, P.recover) + late + max(P.align_pos * 1.0, P.align_neg)
+        return w.format + w.keep + w.acc + w.align_neg
+    late = w.acc * w.gamma ** (k_star - 1) if k_star is not None else 0.0
+    fix = w.improve if k_star is not None else 0.0
+    return w.format + max(w.keep, w.recover) + late + max(w.align_pos * 1.0, w.align_neg) + fix
 
 
 DELTAS = [i / 100 for i in range(-100, 101)]
 
 
-def bound_by_search(k_star: int | None) -> float:
-    """The same bound as a search over Δ and executability through the recipe's arithmetic."""
+def bound_by_search(k_star: int | None, w=P) -> float:
+    """The same bound as a search over Δ, executability and repetition through the recipe's arithmetic."""
     best = -math.inf
+    change = 1 if k_star not in (None, 1) else 0
     for e1 in (False, True):
         for e_k in (False, True):
             if k_star == 1 and e1 != e_k:
                 continue  # one turn: y_K is y_1
             for delta in [0.0] if k_star == 1 else DELTAS:
-                terms = progress_terms(delta, k_star, T, e1, e_k, True, P)
-                best = max(best, sum(terms.values()))
+                for repeat in (False, True):
+                    terms = progress_terms(delta, k_star, T, e1, e_k, True, w, change=change, repeat=repeat)
+                    best = max(best, sum(terms.values()))
     return best
 
 
@@ -122,6 +129,19 @@ def test_bound_falls_strictly_with_k_star_and_never_correct_is_lowest():
     recipe = rewards.get("progress")
     observed = [recipe(best_case_trajectory(k), SETTINGS).total for k in LEVELS]
     assert all(a > b for a, b in zip(observed, observed[1:])), observed
+
+
+def test_an_improvement_bonus_under_the_gap_keeps_the_analysis_and_one_past_it_breaks_it():
+    """rewards.progress.improve = α lifts every bound but k* = 1's by α: the ordering holds
+    exactly while α < bound(1) − bound(2) of the paper's reward (0.1 with the default weights)."""
+    gap = bound_by_search(1) - bound_by_search(2)
+    assert P.improve == 0.0 and gap > 0
+    for alpha, holds in ((gap / 2, True), (gap, False), (4 * gap, False)):
+        w = P.model_copy(update={"improve": alpha})
+        levels = [bound_by_search(k, w) for k in range(1, T + 1)]
+        assert levels == pytest.approx([bound_closed_form(k, w) for k in range(1, T + 1)])
+        falls = all(a > b for a, b in zip(levels, levels[1:])) and bound_by_search(None, w) < levels[-1]
+        assert falls == holds, alpha
 
 
 # ============================================================================ strategies
@@ -201,6 +221,40 @@ def test_every_recipe_is_bounded_and_deterministic(trajectory):
             assert low - 1e-9 <= first.total <= high + 1e-9, (name, first)
             assert tuple(first.components) == recipe.components
             assert all(math.isfinite(v) for v in first.components.values())
+
+
+def paper_reward(t: Trajectory) -> float:
+    """Eq. (1)-(4) of progress-sql.md §4.2 written out, apart from the recipe's own arithmetic."""
+    def f(sql):
+        return 0.5 * ((structural_score(sql, t.gold_sql) if sql else 0.0) + ngram_similarity(sql, t.gold_sql, 2))
+
+    delta = f(t.last.sql) - f(t.first.sql) if len(t.turns) > 1 else 0.0
+    k_star = next((k for k, turn in enumerate(t.turns, 1) if turn.correct), None)
+    e1, e_k = executable(t.first), executable(t.last)
+    return ((P.align_pos * delta if delta > 0 else P.align_neg)
+            + (P.acc * P.gamma ** (k_star - 1) if k_star is not None and k_star <= t.max_turns else 0.0)
+            + {(True, True): P.keep, (False, True): P.recover, (True, False): P.deteriorate}.get((e1, e_k), 0.0)
+            + (P.format if parse_output(t.last.text, "think_sql").well_formed else 0.0))
+
+
+@FUZZ
+@given(random_trajectory())
+def test_the_default_progress_reward_is_the_papers(trajectory):
+    """Issue 53's options (improve, repeat_credit) are off by default: the reward is Eq. (4)."""
+    out = rewards.get("progress")(trajectory, SETTINGS)
+    assert (P.improve, P.repeat_credit) == (0.0, True) and out.components["improve"] == 0.0
+    assert out.total == pytest.approx(paper_reward(trajectory), abs=1e-12)
+
+
+@FUZZ
+@given(random_trajectory(), st.floats(0.0, 3.0), st.booleans())
+def test_progress_with_its_options_stays_in_its_bounds(trajectory, alpha, repeat_credit):
+    w = P.model_copy(update={"improve": alpha, "repeat_credit": repeat_credit})
+    low, high = rewards.get("progress").bounds(w)
+    out = rewards.get("progress")(trajectory, w)
+    assert low - 1e-9 <= out.total <= high + 1e-9
+    paper = rewards.get("progress")(trajectory, P)
+    assert out.total <= paper.total + alpha * (int(trajectory.last.correct) - int(trajectory.first.correct)) + 1e-9
 
 
 @FUZZ

@@ -417,6 +417,26 @@ def frozen_ex(half_right, tmp_path_factory) -> list[float]:
     return [m["ex"] for m in run_rl(s, corpus, out_dir=tmp_path_factory.mktemp("frozen"), progress=False).metrics]
 
 
+def test_step_metrics_count_fixes_and_repeats_at_turn_2(half_right, tmp_path):
+    """Issue 53: each step reports its wrong first turns fixed at turn 2 and its second turns that
+    repeat the first (``eval.metrics.second_turn_counts``, as the multi-turn evaluation counts)."""
+    from progress_sql.eval.metrics import second_turn_counts
+    from progress_sql.rewards import Turn
+
+    corpus, policy = half_right
+    s = school_settings(policy)
+    s.rl.deepspeed, s.rl.steps, s.rl.group_size, s.rl.questions_per_step = "never", 1, 8, 4
+    n = s.rl.log_episodes = s.rl.group_size * s.rl.questions_per_step  # every episode, turn by turn
+    views: list[dict] = []
+    (m,) = run_rl(s, corpus, out_dir=tmp_path, progress=False, on_episodes=lambda step, shown: views.extend(shown)).metrics
+    episodes = [[Turn(t["output"], t["sql"], None, t["correct"]) for t in v["turns"]] for v in views]
+    assert len(episodes) == n and {k: m[f"turn2/{k}"] for k in second_turn_counts(episodes)} == second_turn_counts(episodes)
+    # two turns (env.max_turns): every wrong first turn gets a second, and a fix is what ex@2 adds to ex@1
+    assert m["turn2/wrong_at_1"] == m["turn2/second_turns"] == round(n * (1 - m["ex@1"])) > 0
+    assert m["turn2/fixed"] == round(n * (m["ex@2"] - m["ex@1"]))
+    assert 0 <= m["turn2/repeats"] <= m["turn2/second_turns"]
+
+
 def _mean(xs):
     return sum(xs) / len(xs)
 

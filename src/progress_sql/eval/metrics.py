@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from progress_sql.corpus.records import Example
+from progress_sql.rewards.progress import same_sql
+from progress_sql.rewards.types import Turn
 from progress_sql.sql.hardness import HARDNESS_LEVELS
 from progress_sql.sql.verdict import Verdict
 
@@ -178,6 +180,28 @@ def mode_metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         out["by_difficulty"] = {label: _group([o for o in outcomes if o.example.difficulty == label])
                                 for label in labels}
     return out
+
+
+def second_turn_counts(episodes: Iterable[Sequence[Turn]]) -> dict[str, int | float | None]:
+    """How episodes use their second turn, from each episode's turns (issue 53: the multi-turn
+    signal is a wrong first answer mended at turn 2, not the same answer again). RL's step
+    metrics (``turn2/...``) and the multi-turn evaluation (``multi_turn.turn2``) both count here:
+
+    - ``wrong_at_1``: episodes with a second turn whose first turn is wrong; ``fixed``: of those,
+      the ones whose second turn is right; ``fix_rate`` = fixed / wrong_at_1 (a question that
+      cannot be judged, ``Turn.unjudged``, counts in neither);
+    - ``second_turns``: episodes with a second turn; ``repeats``: of those, the ones whose second
+      SQL is the first's (``rewards.progress.same_sql``: up to whitespace and the case of keywords
+      and names); ``repeat_rate`` = repeats / second_turns.
+
+    Rates are None when nothing was counted (one-turn episodes only)."""
+    pairs = [(turns[0], turns[1]) for turns in episodes if len(turns) > 1]
+    judged = [(first, second) for first, second in pairs if not (first.unjudged or second.unjudged)]
+    wrong = [second for first, second in judged if not first.correct]
+    fixed = sum(second.correct for second in wrong)
+    repeats = sum(same_sql(first.sql, second.sql) for first, second in pairs)
+    return {"wrong_at_1": len(wrong), "fixed": fixed, "fix_rate": fixed / len(wrong) if wrong else None,
+            "second_turns": len(pairs), "repeats": repeats, "repeat_rate": repeats / len(pairs) if pairs else None}
 
 
 def pass_metrics(scores: Sequence[float | None], hardness: Sequence[str]) -> dict[str, Any]:

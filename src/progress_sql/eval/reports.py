@@ -11,8 +11,8 @@ Tables (progress-sql.md; the paper's numbers did not survive in our copy, its sh
   challenging) when the examples carry them; Tables 10-12, by Spider hardness; per split,
   per decoding, EX and TS;
 
-plus pass@k and the multi-turn protocol. Rates are printed as percentages with one decimal;
-"–" marks a value that was not computed.
+plus pass@k and the multi-turn protocol (and how its episodes use a second turn). Rates are
+printed as percentages with one decimal; "–" marks a value that was not computed.
 """
 
 from __future__ import annotations
@@ -129,6 +129,21 @@ def _wrong_table(metrics: dict[str, Any]) -> str | None:
     return markdown_table(["Split", "Decoding", *(k.replace("_", " ") for k in registry.WRONG_KINDS), "wrong"], rows)
 
 
+def _second_turn_table(metrics: dict[str, Any]) -> str | None:
+    """One row per split of the multi-turn protocol: wrong first turns fixed at turn 2, second
+    turns that repeat the first (``metrics.second_turn_counts``)."""
+    rows = []
+    for split, m in metrics.items():
+        t2 = (m.get("multi_turn") or {}).get("turn2")
+        if t2:
+            rows.append([split_title(split), str(t2["wrong_at_1"]), str(t2["fixed"]), pct(t2["fix_rate"]),
+                         str(t2["second_turns"]), str(t2["repeats"]), pct(t2["repeat_rate"])])
+    if not rows:
+        return None
+    return markdown_table(["Split", "Wrong at turn 1", "Fixed at turn 2", "Fix rate", "Second turns",
+                           "Repeat turn 1", "Repeat rate"], rows)
+
+
 def _pass_table(metrics: dict[str, Any]) -> str | None:
     rows = []
     for split, m in metrics.items():
@@ -187,6 +202,7 @@ def markdown_report(model: str, metrics: dict[str, Any], cfg: EvalSettings, note
         ("pass@k", _pass_table(metrics)),
         ("All decoding modes", _details_table(metrics)),
         ("Wrong answers by kind (counts)", _wrong_table(metrics)),
+        ("Multi-turn: second turns (counts, rates in %)", _second_turn_table(metrics)),
     ]
     for title, table in sections:
         if table:

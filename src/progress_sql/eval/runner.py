@@ -12,8 +12,9 @@ feedback at test time. For each split:
                   protocol of SQL-Trail / SkyRL-SQL, ``exec_feedback``: greedy, up to
                   env.trail_max_turns tool calls): the final <solution> is judged (none:
                   wrong), turns used are reported, and an episode is well-formed when every
-                  turn is. An environment whose feedback reads the gold (``reads_gold``, the
-                  ODT one) is refused by the settings.
+                  turn is; ``turn2``: wrong first turns fixed at turn 2 and second turns
+                  that repeat the first (``metrics.second_turn_counts``). An environment whose
+                  feedback reads the gold (``reads_gold``, the ODT one) is refused by the settings.
 
 EX / TS through ``sql.verdict.BatchVerdicts`` (one SQLPool) under each example's semantics
 (``Example.semantics``: Spider test-suite or BIRD rules; metrics.json names it per split as
@@ -55,7 +56,7 @@ from progress_sql.envs import Request, SchemaTexts, rollout, round1_messages
 from progress_sql.envs.base import PROMPT_TOO_LONG
 from progress_sql.eval import plots, reports
 from progress_sql.eval.analysis import mismatch_rates, prediction_tags
-from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics
+from progress_sql.eval.metrics import Outcome, flat_metrics, mean, mode_metrics, pass_metrics, second_turn_counts
 from progress_sql.eval.generators import Generator, RequestPolicy, make_generator
 from progress_sql.eval.voting import pass_at_k, vote
 from progress_sql.files import write_csv, write_json, write_text, written_aside
@@ -174,6 +175,7 @@ class ExampleEval:
     multi: Answer | None = None
     turns: int | None = None
     done_reason: str | None = None
+    first_turns: tuple[rewards.Turn, ...] = ()  # the multi-turn episode's first two (eval.metrics.second_turn_counts)
 
     def record(self) -> dict[str, Any]:
         ex = self.example
@@ -294,7 +296,7 @@ class _SplitEvaluator:
             well_formed = all(parse_output(t.text, fmt).well_formed for t in ep.turns)
             tokens = float(policy.tokens.get(ep.id, 0))
             ev.multi = Answer(sql, well_formed, verdict, tokens)
-            ev.turns, ev.done_reason = ep.K, ep.done_reason
+            ev.turns, ev.done_reason, ev.first_turns = ep.K, ep.done_reason, tuple(ep.turns[:2])
             answers.append((ev.example, ev.multi))
         self._add_ts(answers)
 
@@ -334,6 +336,7 @@ class _SplitEvaluator:
             m = mode_metrics([ev.multi.outcome(ev.example) for ev in evals])
             m["mean_turns"] = mean(ev.turns for ev in evals)
             m["solution_rate"] = mean(float(ev.done_reason == "solution") for ev in evals)
+            m["turn2"] = second_turn_counts(ev.first_turns for ev in evals)
             out[MULTI_TURN] = m
         return out
 

@@ -65,6 +65,7 @@ from tqdm import tqdm
 
 from progress_sql import envs, rewards
 from progress_sql.corpus.records import CorpusLayout, Example
+from progress_sql.eval.metrics import second_turn_counts
 from progress_sql.files import write_json_lines
 from progress_sql.params import RLSettings, Settings
 from progress_sql.train.check import BEST_DIR, check_questions, check_step, due, final_origin, keep_only_best
@@ -304,6 +305,7 @@ def step_metrics(run: RLRun, step: int, batch: StepBatch, opt: dict[str, Any]) -
         **{f"ex@{t}": float(np.mean([ep.k_star is not None and ep.k_star <= t for ep in eps]))
            for t in range(1, run.max_turns + 1)},
         "turns/mean": float(np.mean([ep.K for ep in eps])),
+        **{f"turn2/{k}": v for k, v in second_turn_counts(ep.turns for ep in eps).items()},  # fixes, repeats
         "response_tokens/mean": float(sampled.mean()),
         "sequence_tokens/mean": float(np.mean([len(t.input_ids) for t in trajs])),
         "truncated": float(np.mean([t.truncated for t in trajs])),
