@@ -61,6 +61,7 @@ def run_mode(args: argparse.Namespace, corpus: Path, policy: Path, work: Path, m
     rl = s.rl
     rl.init_from, rl.steps, rl.max_minutes = str(policy), args.steps, 120.0
     rl.deepspeed, rl.save_rollouts, rl.checkpoint_every, rl.log_episodes = "never", False, args.steps, 0
+    s.generation.backend = "transformers"  # the sampler of the measurements (auto may take vLLM)
     if mode == "async":
         rl.async_ = rl.async_.model_copy(update={"enabled": True, "max_staleness": args.max_staleness, "threads": 1})
     started = time.perf_counter()

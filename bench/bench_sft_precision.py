@@ -33,12 +33,11 @@ from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.train.sft import (  # noqa: E402
     _batches,
     build_sft_examples,
-    cpu_has_bf16,
     encode_conversation,
     load_train_examples,
     token_loss,
-    training_autocast,
 )
+from progress_sql.train.precision import cpu_has_bf16, training_autocast  # noqa: E402
 
 
 def main() -> int:

@@ -362,7 +362,7 @@ def part_rl(args: argparse.Namespace, work: Path, name: str) -> dict[str, Any]:
         "rl.group_size": args.group_size, "rl.questions_per_step": args.questions,
         "rl.micro_batch_tokens": args.micro_batch_tokens, "rl.steps": args.steps + 1,
         "rl.checkpoint_every": args.steps + 1, "rl.keep_checkpoints": 1, "rl.save_rollouts": False,
-        "rl.max_minutes": 60.0, **changes,
+        "rl.max_minutes": 60.0, "generation.backend": "transformers", **changes,  # the vllm row samples with vLLM
     })
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
 

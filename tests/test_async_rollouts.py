@@ -252,6 +252,7 @@ def test_async_rl_trains_each_step_once_on_whole_groups_within_the_staleness_bou
 
     corpus, policy = warmish
     s = _async_settings(policy)
+    s.rl.autocast = "off"  # the sampler decodes in fp32: a bf16 update would move the weights at staleness 0 off 1
     result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
     m = result.metrics
     assert [x["step"] for x in m] == [1, 2, 3]
@@ -473,7 +474,7 @@ produced = trainer.async_step
 def spy(run, producer, state):
     batch, metrics = produced(run, producer, state)
     G, per = run.settings.rl.group_size, run.settings.rl.questions_per_step
-    signal = group_signal(batch, "reward", G)
+    signal = group_signal(batch, "ex", G)
     seen.append({{"ids": [ep.example.id for ep in batch.episodes[::G]], "position": state.data_position,
                   "kept": min(sum(signal), per) or 1, "trained": len(batch.train_groups)}})
     return batch, metrics
@@ -484,7 +485,7 @@ if __name__ == "__main__":
     s = school_settings({policy!r})
     s.rl.deepspeed, s.rl.steps, s.rl.checkpoint_every = "always", 3, 3
     s.rl.async_ = s.rl.async_.model_copy(update={{"enabled": True}})
-    s.rl.dynamic_sampling = s.rl.dynamic_sampling.model_copy(update={{"enabled": True, "signal": "reward",
+    s.rl.dynamic_sampling = s.rl.dynamic_sampling.model_copy(update={{"enabled": True, "signal": "ex",
                                                                        "max_rounds": 2}})
     trainer.run_rl(s, Path({corpus!r}), out_dir=Path({out!r}), progress=False)
     print("SEEN " + json.dumps(seen))
@@ -530,5 +531,8 @@ def test_two_deepspeed_ranks_with_dynamic_sampling_agree_on_the_stream_and_the_g
             expected = [f"q{i}" for d in range(len(b["ids"]) // per)
                         for i in question_indices(4, k * stride + d * 2 * per, 2 * per, seed)[r * per:(r + 1) * per]]
             assert b["ids"] == expected
+    # something to agree on: with EX as the signal (the warm policy is mostly wrong: whole groups
+    # without signal), a step that drew twice or ranks that kept unequal counts (rewards, being
+    # continuous, differ in nearly every group: nothing would be drawn again)
     assert any(len(seen[r][k]["ids"]) > per for r in (0, 1) for k in range(3)) or \
-        any(seen[0][k]["kept"] != seen[1][k]["kept"] for k in range(3)), seen  # something to agree on
+        any(seen[0][k]["kept"] != seen[1][k]["kept"] for k in range(3)), seen

@@ -415,8 +415,8 @@ def test_make_backend_picks_the_configured_backend(model, tokenizer):
     gen = settings_from_dict({"generation": {"batch_size": 3, "transformers": {"prefix_cache": False}}}).generation
     backend = make_backend(gen, model, tokenizer)
     assert isinstance(backend, TransformersBackend) and backend.batch_size == 3 and not backend.prefix_cache
-    with pytest.raises(ValueError, match="model_path"):
-        make_backend(settings_from_dict({"generation": {"backend": "vllm"}}).generation, model, tokenizer)
+    with pytest.raises(ValueError, match="model_path"):  # nothing to load: no folder, no model to export
+        make_backend(settings_from_dict({"generation": {"backend": "vllm"}}).generation, None, tokenizer)
 
 
 def test_every_registered_backend_keeps_the_whole_protocol():
@@ -427,7 +427,7 @@ def test_every_registered_backend_keeps_the_whole_protocol():
     from progress_sql.inference.settings import BACKENDS
 
     methods = {name for name, _ in inspect.getmembers(GenerationBackend, callable) if not name.startswith("_")}
-    assert methods == {"create", "generate", "sync_weights", "asleep", "reusing_prefixes", "close"}
+    assert methods == {"create", "unavailable", "generate", "sync_weights", "asleep", "reusing_prefixes", "close"}
     for name in BACKENDS:
         assert all(callable(getattr(backend_class(name), m, None)) for m in methods), name
         assert isinstance(getattr(backend_class(name), "freed_gib", None), float), name  # reported after asleep()
@@ -461,3 +461,68 @@ def test_vllm_weights_need_the_full_parameters(model):
     finally:
         param.data = full
         del param.ds_id, param.ds_numel
+
+
+def test_vllm_cpu_binding_is_set_for_the_engine_start_only_and_never_over_the_users(monkeypatch):
+    """generation.vllm.cpu_cores: the binding is in the environment only while the engine's
+    processes start (they inherit it), never over a VLLM_CPU_* variable the user set; this
+    process's torch threads are what they were after (the engine checked for real:
+    tests/test_vllm_backend.py)."""
+    import os
+
+    from progress_sql.inference.backends.vllm import CPU_BINDING_VARIABLES, cpu_binding, engine_start_environment
+
+    for key in CPU_BINDING_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    gen = settings_from_dict({}).generation
+    assert gen.vllm.cpu_cores == "all"
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))  # no hyper-threads on the test machines
+    threads = torch.get_num_threads()
+    with engine_start_environment(gen, cpu=True) as binding:
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cores and os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+        torch.set_num_threads(1)  # what vLLM may do to the process that starts it
+    assert binding == {"VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert not any(key in os.environ for key in CPU_BINDING_VARIABLES) and torch.get_num_threads() == threads
+    with engine_start_environment(gen, cpu=False) as binding:  # a GPU: nothing to bind
+        assert binding == {} and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    with engine_start_environment(gen, cpu=True) as binding:
+        assert binding == {} and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+        assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # the user's, left as it was
+    assert cpu_binding("vllm") == {} and cpu_binding("0-3,6")["VLLM_CPU_OMP_THREADS_BIND"] == "0-3,6"
+    with pytest.raises(ValueError, match="list of cores"):
+        settings_from_dict({"generation": {"vllm": {"cpu_cores": "0-a"}}})
+
+
+def test_auto_backend_is_vllm_where_it_serves_the_model_and_says_its_choice_once(model, tokenizer, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """generation.backend: auto (the default) resolves inside inference: vLLM where it is
+    installed and takes the model (vLLM-CPU: attention heads of a size it has kernels for), else
+    transformers; the choice is said once on stderr, with why vLLM was passed over."""
+    from transformers import Qwen2ForCausalLM
+
+    from progress_sql.inference import backends
+    from progress_sql.inference.backends import resolved_backend, resolved_generation
+
+    monkeypatch.setattr(backends, "_SAID", set())  # nothing said yet in this process
+    gen = settings_from_dict({}).generation
+    assert gen.backend == "auto"
+    assert model.config.hidden_size // model.config.num_attention_heads == 16  # TINY: no vLLM-CPU kernel for it
+    assert resolved_backend(gen, model, tmp_path) == "transformers"
+    assert isinstance(make_backend(gen, model, tokenizer, tmp_path), TransformersBackend)
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["generation.backend auto: transformers (vllm: " + (
+        "vLLM-CPU's attention takes no heads of size 16)" if importlib.util.find_spec("vllm") and not
+        torch.cuda.is_available() else VLLMBackend.unavailable(gen, model, tmp_path) + ")")]
+    wide = Qwen2ForCausalLM(tiny_config(settings_from_dict({"model": {**TINY, "num_heads": 1, "num_kv_heads": 1}}),
+                                        tokenizer))  # one head of 64
+    expected = "vllm" if importlib.util.find_spec("vllm") else "transformers"
+    assert resolved_backend(gen, wide, tmp_path) == resolved_generation(gen, wide, tmp_path).backend == expected
+    assert resolved_backend(gen, wide, None) == expected  # a bundled model: exported for the engine
+    assert resolved_backend(gen, None, None) == "transformers"  # nothing for an engine to load
+    capsys.readouterr()
+    resolved_backend(gen, model, tmp_path)
+    assert capsys.readouterr().err == ""  # said once
+    named = settings_from_dict({"generation": {"backend": "transformers"}}).generation
+    assert resolved_generation(named, wide, tmp_path) is named  # a named backend is taken as named

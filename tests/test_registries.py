@@ -37,7 +37,7 @@ def test_registered_names_come_from_the_registries():
     assert names["rl.recipe"] == rewards.names()
     assert rewards.names()[:5] == ("progress", "oneshot", "reasoning_sql", "sql_trail", "skyrl")  # the seed methods
     assert names["rl.env"] == envs.names()
-    assert names["rl.algorithm"] == tuple(ALGORITHMS) and names["generation.backend"] == tuple(BACKENDS)
+    assert names["rl.algorithm"] == tuple(ALGORITHMS) and names["generation.backend"] == ("auto", *BACKENDS)
     assert names["data.import_train"] == tuple(s.name for s in sources.SOURCES if s.train is not None)
     assert set(sources.VARIANTS) <= set(names["eval.splits"])
     assert "odt_feedback" not in names["eval.multi_turn_env"]  # its feedback reads the gold

@@ -25,6 +25,7 @@ from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
 from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
 from progress_sql.train.losses import group_advantages  # noqa: E402
+from progress_sql.train.precision import autocast_dtype  # noqa: E402
 from progress_sql.train.packing import token_batch, use_packed_attention  # noqa: E402
 from progress_sql.inference.models import load_policy  # noqa: E402
 from progress_sql.formats import stop_strings  # noqa: E402
@@ -43,9 +44,13 @@ from corpora import QUESTIONS, half_right_sft, school_corpus, school_settings  #
 # to ~1e-2 in log-probability, the policy and its bf16 reference to ~2e-4 in k3 KL at step 1
 # (an H200; the training forward takes another attention kernel), and a saved bf16 weight may sit
 # one bf16 step (2**-8 relative) away after fp32 master weights that differ in their last bits
-# (attention's backward on CUDA adds with atomics, in no fixed order).
+# (attention's backward on CUDA adds with atomics, in no fixed order). On a CPU with bf16
+# instructions the trainer's passes run under bf16 autocast (rl.autocast: auto) while the sampler
+# decodes in fp32: their log-probabilities differ by bf16's rounding; the reference runs at the
+# policy's precision, so the KL at step 1 is still 0, and CPU kernels keep a resume exact.
 BF16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-LOGPROB_GAP = 5e-2 if BF16 else 1e-4
+TRAINER_BF16 = autocast_dtype(RLSettings().autocast, torch.device("cuda" if BF16 else "cpu")) == torch.bfloat16
+LOGPROB_GAP = 5e-2 if TRAINER_BF16 else 1e-4
 KL_AT_START = 1e-3 if BF16 else 1e-9  # after one update the KL is ~2e-2 (CPU)
 WEIGHTS = dict(atol=1e-6, rtol=2**-7) if BF16 else dict(atol=1e-6, rtol=0)
 
@@ -145,6 +150,27 @@ def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
 
 
 # ----------------------------------------------------------------------------- plain torch
+def test_bf16_update_compares_one_precision_in_its_ratio_and_kl(warm, tmp_path):
+    """rl.autocast bf16 on a plain engine (auto on a CPU with AVX512-BF16/AMX): the update's
+    forward runs in bf16 while the weights stay fp32; the old policy's pass (two passes a batch)
+    and the frozen KL reference's run at the same precision, so with weights that do not move
+    (lr 1e-12) every ratio is 1 and the KL 0, as in fp32 (a reference left in fp32 showed a KL of
+    bf16's rounding); the loss is the fp32 run's to bf16's rounding."""
+    corpus, policy = warm
+    runs = {}
+    for mode in ("off", "bf16"):
+        s = school_settings(policy)
+        s.rl.deepspeed, s.rl.autocast, s.rl.steps = "never", mode, 1
+        s.rl.kl_beta, s.rl.updates_per_batch, s.rl.lr = 0.05, 2, 1e-12
+        runs[mode] = run_rl(s, corpus, out_dir=tmp_path / mode, progress=False).metrics[0]
+        assert abs(runs[mode]["kl"]) < 1e-9 and runs[mode]["ratio"] == pytest.approx(1.0, abs=1e-7), mode
+        assert runs[mode]["clip_frac"] == 0.0 and runs[mode]["grad_norm"] > 0, mode
+        assert all(w.dtype == torch.float32 for w in _weights(tmp_path / mode / "final").values())
+    off, bf16 = runs["off"], runs["bf16"]
+    assert bf16["loss"] == pytest.approx(off["loss"], abs=0.02)
+    assert off["logprob_gap"] < 1e-4 < bf16["logprob_gap"] < 5e-2  # the fp32 sampler against each
+
+
 def test_plain_torch_resume_in_place_and_time_budget(warm, tmp_path):
     corpus, policy = warm
     s = school_settings(policy)

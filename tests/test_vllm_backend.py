@@ -36,6 +36,7 @@ from progress_sql.inference.backends import (  # noqa: E402
     VLLMBackend,
     VLLMEngineDied,
 )
+from progress_sql.inference.backends.vllm import CPU_BINDING_VARIABLES, physical_cores  # noqa: E402
 from progress_sql.inference.models import chat_prompt_ids, load_policy  # noqa: E402
 from progress_sql.train.sft import run_sft  # noqa: E402
 from progress_sql.train.tiny import build_tiny_model  # noqa: E402
@@ -76,9 +77,13 @@ def warm(tiny):
     return corpus, out
 
 
+THREADS = 2  # this process's torch threads, set before the engine starts
+
+
 @pytest.fixture(scope="class")
 def engine(tiny):
     _, base = tiny
+    torch.set_num_threads(THREADS)
     model, tokenizer = load_policy(base, dtype="float32", device="cpu")
     backend = VLLMBackend(base, _settings().generation, seed=0, tokenizer=tokenizer, model=model)
     yield backend, model, tokenizer
@@ -102,7 +107,33 @@ def _logprob_gap(a, b):
     return max(abs(x - y) for sa, sb in zip(a, b) for x, y in zip(sa.logprobs, sb.logprobs))
 
 
+def test_auto_knows_the_head_sizes_vllm_cpu_takes():
+    """generation.backend: auto asks VLLMBackend.unavailable, which keeps vLLM-CPU's head sizes
+    rather than import its attention (~10 s) to ask: the two lists agree."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from progress_sql.inference.backends.vllm import CPU_HEAD_SIZES
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
+
+
 class TestEngine:
+    def test_the_worker_computes_on_every_core_and_the_trainer_keeps_its_threads(self, engine):
+        """generation.vllm.cpu_cores: all (the default): the engine's worker runs one OpenMP thread
+        on each core this process may use, none kept for vLLM's scheduler (its own binding would
+        take one of two cores); the binding was only for the start, and this process's torch
+        threads are what they were."""
+        backend, _, tokenizer = engine
+        _greedy(backend, _prompts(tokenizer)[:1], tokens=2)  # the worker's OpenMP threads exist and are bound
+        cores = physical_cores(os.sched_getaffinity(0))
+        worker = next(p for p in backend.engine_processes if "Worker" in p.name())
+        bound = set().union(*(os.sched_getaffinity(thread.id) for thread in worker.threads()))
+        assert bound == set(cores)  # vLLM's own binding: {0} of {0, 1}
+        assert backend.cpu_binding == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
+                                       "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        assert not any(key in os.environ for key in CPU_BINDING_VARIABLES)
+        assert torch.get_num_threads() == THREADS
+
     def test_greedy_tokens_and_logprobs_equal_the_transformers_backend(self, engine):
         backend, model, tokenizer = engine
         prompts = _prompts(tokenizer)

@@ -2,7 +2,7 @@
 one small interface so the RL loop has a single code path.
 
     engine = make_engine(model, settings.rl, use_deepspeed=..., total_updates=..., grad_accum=...)
-    out = engine(input_ids=..., attention_mask=...)      # forward (bf16 autocast for plain on GPU)
+    out = engine(input_ids=..., attention_mask=...)      # forward (rl.autocast: bf16 where the device has it)
     engine.backward(loss, last=...)                       # loss already scaled to its batch share;
     stepped = engine.step()                               # optimizer + schedule after the batch's last
     engine.save(path) / engine.load(path)                 # model, optimizer, scheduler
@@ -35,6 +35,7 @@ import torch
 
 from progress_sql.params import PACKAGE_CONFIGS, RLSettings
 from progress_sql.train.lora import save_policy
+from progress_sql.train.precision import autocast, autocast_dtype
 
 EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()
 
@@ -145,11 +146,10 @@ class TorchEngine:
             return self.module(**inputs)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The precision of the training forward (bf16 autocast on a GPU), for what runs beside
-        the model's own forward (the output head, a chunk at a time: ``train.logprobs``)."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        """The precision of the training forward (``rl.autocast``), for what runs beside the
+        model's own forward (the output head, a chunk at a time: ``train.logprobs``; the KL
+        reference's pass)."""
+        return autocast(self.device, self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         loss.backward()
@@ -202,8 +202,10 @@ class DeepSpeedEngine:
 
     kind = "deepspeed"
 
-    def __init__(self, engine: Any, owns_group: bool) -> None:
+    def __init__(self, engine: Any, owns_group: bool, autocast_dtype: torch.dtype | None = None) -> None:
         self.engine = engine
+        # torch autocast where DeepSpeed's own bf16 mode is off (CPU): rl.autocast's precision
+        self.autocast_dtype = autocast_dtype
         self.module = engine.module
         self.zero_stage = int(engine.zero_optimization_stage())
         self.grad_norm = 0.0
@@ -214,11 +216,13 @@ class DeepSpeedEngine:
         return torch.device(self.engine.device)
 
     def __call__(self, **inputs: Any) -> Any:
-        return self.engine(**inputs)
+        with self.autocast():
+            return self.engine(**inputs)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Nothing: DeepSpeed holds the module in its training precision (bf16 on a GPU)."""
-        return contextlib.nullcontext()
+        """Nothing where DeepSpeed holds the module in its training precision (bf16 on a GPU);
+        on CPU the autocast of ``rl.autocast``."""
+        return autocast(self.device, self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # The boundary is set before backward: ZeRO reduces gradients in its backward hooks there.
@@ -342,15 +346,18 @@ def make_engine(
     model: torch.nn.Module, rl: RLSettings, *, deepspeed: bool, total_updates: int, grad_accum: int
 ) -> Engine:
     """AdamW (lr, weight decay of ``rl``) with the ``lr_lambda`` schedule, in a DeepSpeed engine
-    (config from ``rl.deepspeed_config``; bf16 on GPU) or a plain TorchEngine."""
+    (config from ``rl.deepspeed_config``) or a plain TorchEngine, at the precision of
+    ``rl.autocast`` (``train.precision``): a plain engine and DeepSpeed on CPU autocast their
+    forward; DeepSpeed on a GPU runs its own bf16 mode (its module in bf16, fp32 master weights)."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=rl.lr, weight_decay=rl.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(rl, total_updates))
     on_gpu = torch.cuda.is_available()
-    bf16 = on_gpu and torch.cuda.is_bf16_supported()
+    dtype = autocast_dtype(rl.autocast, next(model.parameters()).device)
     if not deepspeed:
-        return TorchEngine(model, optimizer, scheduler, rl.grad_clip, autocast_dtype=torch.bfloat16 if bf16 else None)
+        return TorchEngine(model, optimizer, scheduler, rl.grad_clip, autocast_dtype=dtype)
+    bf16 = on_gpu and dtype == torch.bfloat16
     prepare_environment(True)
     import deepspeed as ds  # noqa: PLC0415 - heavy import, only for DeepSpeed runs
 
@@ -367,4 +374,4 @@ def make_engine(
 
                 dist.destroy_process_group()
             raise
-    return DeepSpeedEngine(engine, owns_group)
+    return DeepSpeedEngine(engine, owns_group, autocast_dtype=None if on_gpu else dtype)

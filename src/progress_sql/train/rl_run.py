@@ -20,7 +20,7 @@ import torch
 from progress_sql import envs, rewards
 from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.envs.db_details import SchemaTexts
-from progress_sql.inference.backends import GenerationBackend, make_backend
+from progress_sql.inference.backends import GenerationBackend, make_backend, resolved_generation
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.params import Settings
@@ -102,6 +102,9 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
     model, tokenizer = load_policy(rl.init_from, dtype="float32", device=device)  # fp32 master weights
+    # generation.backend auto resolved once for this policy: the run and its rollout producer agree
+    gen = resolved_generation(gen, model, rl.init_from)
+    settings = settings.model_copy(update={"generation": gen})
     if rl.packing:
         use_packed_attention(model)
     reference = None

@@ -26,11 +26,10 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
 from progress_sql import rewards
 from progress_sql.params import Settings, default_settings
@@ -49,10 +48,14 @@ from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
-from progress_sql.inference.backends import cache_kwarg
-from progress_sql.train.logprobs import head_bypassed, selected_logprobs
+from progress_sql.inference import attention
+from progress_sql.train.logprobs import token_logprobs
+from progress_sql.train.packing import token_batch
+from progress_sql.train.precision import training_autocast
 from progress_sql.train.lora import save_policy, with_lora
+from progress_sql.train.memory import map_large_blocks
 from progress_sql.train.tiny import copy_loss, ordinary_ids
+from progress_sql.train.trajectories import TokenizedTrajectory
 
 METRICS_FILE = "sft_metrics.json"
 
@@ -239,67 +242,29 @@ def _batches(lengths: list[int], groups: list[str], batch_size: int, rng: random
     return batches
 
 
-def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int, device: torch.device):
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for r, (ids, m) in enumerate(rows):
-        input_ids[r, :len(ids)] = torch.tensor(ids)
-        attention[r, :len(ids)] = 1
-        mask[r, :len(ids)] = torch.tensor(m, dtype=torch.bool)
-    return input_ids.to(device), attention.to(device), mask.to(device)
-
-
-def shared_prefix_length(rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
-    """The number of leading tokens every row has in common, stopping before the token that
-    predicts the first target (its logits must come from the per-row pass) and leaving every
-    row at least one token of its own."""
-    first = rows[0][0]
-    limit = min(len(ids) for ids, _ in rows) - 1
-    for _, mask in rows:
-        if 1 in mask:
-            limit = min(limit, list(mask).index(1) - 1)
-    k = 0
-    while k < limit and all(ids[k] == first[k] for ids, _ in rows):
-        k += 1
-    return max(k, 0)
-
-
-def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, *,
-               share_prefix: bool = True, chunk_mb: float = 0.0) -> tuple[torch.Tensor, int]:
+def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, *, share_prefix: bool = True,
+               chunk_mb: float = 0.0, min_shared: int = 16, query_block: int = 192) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of a batch of ``(ids, mask)`` rows, and the
-    number of tokens processed.
+    number of positions the model ran over.
 
-    With ``share_prefix`` the rows' common prefix is run once (batch 1) and its KV cache,
-    expanded to the batch, feeds the per-row suffixes: the same loss and gradients as the
-    plain padded forward pass (a test checks both), several times cheaper when the prompt is
-    long and the target short, as in Text-to-SQL. The targets' log-probabilities come from the
-    hidden states a chunk at a time (``train.logprobs``, ``chunk_mb`` of fp32 logits at once).
+    The rows run as RL's micro-batches do (``train.packing``): packed into one row without
+    padding, and with ``share_prefix`` their common prefix (one database's system prompt and
+    schema) once, each row attending to it and to itself (``min_shared``, ``query_block``: as
+    ``rl.shared_prefix_min_tokens`` and ``rl.attention_query_block``). The same loss and
+    gradients as one row at a time (a test checks), several times cheaper when the prompt is
+    long and the target short, as in Text-to-SQL; and no KV cache, so the layers can be
+    checkpointed (``sft.gradient_checkpointing``). A model without the project's attention
+    (``load_policy`` installs it on SDPA models) runs right-padded rows. The targets'
+    log-probabilities come from the hidden states a chunk at a time (``train.logprobs``,
+    ``chunk_mb`` of fp32 logits at once).
     """
-    device = model.device
-    k = shared_prefix_length(rows) if share_prefix and len(rows) > 1 else 0
-    with head_bypassed(model) as head:
-        if k >= 2:
-            cache = DynamicCache(config=model.config)
-            key = cache_kwarg(model)
-            model(input_ids=torch.tensor([list(rows[0][0][:k])], device=device), use_cache=True, logits_to_keep=1,
-                  **{key: cache})
-            cache.batch_repeat_interleave(len(rows))
-            input_ids, attention, mask = _pad([(ids[k:], m[k:]) for ids, m in rows], pad_id, device)
-            attention = torch.cat([attention.new_ones((len(rows), k)), attention], dim=1)
-            positions = torch.arange(k, k + input_ids.shape[1], device=device).expand(len(rows), -1)
-            out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                        **{key: cache}).logits
-            processed = k + int(attention[:, k:].sum())
-        else:
-            input_ids, attention, mask = _pad(list(rows), pad_id, device)
-            out = model(input_ids=input_ids, attention_mask=attention).logits
-            processed = int(attention.sum())
-    # Position t predicts token t + 1; only target tokens count.
-    rows_, cols = mask[:, 1:].nonzero(as_tuple=True)
-    logp = selected_logprobs(out, head, rows_ * out.shape[1] + cols, input_ids[rows_, cols + 1], chunk_mb=chunk_mb)
-    return -logp.sum() / max(logp.numel(), 1), processed
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    packed = inner.config._attn_implementation == attention.ATTENTION
+    trajs = [TokenizedTrajectory(list(ids), list(mask), [0.0] * len(ids), 0.0, 0, 1) for ids, mask in rows]
+    batch = token_batch(trajs, packed=packed, pad_id=pad_id, device=model.device, share_prefix=share_prefix and packed,
+                        min_shared=min_shared, query_block=query_block)
+    logp = token_logprobs(model, batch, chunk_mb=chunk_mb)
+    return -logp.sum() / max(logp.numel(), 1), batch.model_tokens
 
 
 def schedule_factor(progress: float, warmup_ratio: float) -> float:
@@ -309,26 +274,6 @@ def schedule_factor(progress: float, warmup_ratio: float) -> float:
         return progress / warmup_ratio
     span = max(1e-9, 1.0 - warmup_ratio)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (progress - warmup_ratio) / span)))
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def training_autocast(mode: str, device: torch.device, weights: torch.dtype) -> contextlib.AbstractContextManager:
-    """The precision of the training forward pass (``sft.autocast``): ``bf16`` autocast always;
-    ``auto`` for fp32 weights on a device with bf16 matrix units: a GPU that supports bf16, or a
-    CPU with AVX512-BF16 or AMX (the tiny policy's steps run ~1.4x faster there:
-    bench/bench_sft_precision.py); ``off`` never. Weights, gradients and the optimiser state
-    keep their own dtype."""
-    if mode == "auto":
-        capable = (torch.cuda.is_bf16_supported() if device.type == "cuda" else
-                   device.type == "cpu" and cpu_has_bf16())
-        mode = "bf16" if weights == torch.float32 and capable else "off"
-    if mode == "off":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def load_train_examples(corpus_dir: str | Path, settings: Settings) -> list[Example]:
@@ -362,6 +307,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     out = Path(out_dir if out_dir is not None else sft.out_dir)
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
+    map_large_blocks()  # freed activations leave the process (train.memory)
     layout = CorpusLayout(Path(corpus_dir))
     # fp32 weights to train (an AdamW step below bf16's resolution would be lost in bf16 ones);
     # the forward pass runs in bf16 by autocast where the device has it (sft.autocast: auto)
@@ -434,48 +380,80 @@ def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]
     sft = settings.sft
     model.train()
     rng = random.Random(f"{settings.seed}:sft-batches")
-    copy_rng, copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
     total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
     params = [p for p in model.parameters() if p.requires_grad]
-    autocast = training_autocast(sft.autocast, model.device, params[0].dtype)
+    loss_of = _StepLoss(model, tokenizer, settings, params[0].dtype)
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
     lengths = [len(ids) for ids, _ in encoded]
     done, budget_s, started = _Trained(), sft.max_minutes * 60, time.perf_counter()
     bar = tqdm(total=total, desc="sft", disable=not progress)
-    while done.steps < total and not done.stopped:
-        for batch in _batches(lengths, groups, sft.batch_size, rng):
-            spent = (time.perf_counter() - started) / budget_s if budget_s > 0 else 0.0
-            at = max((done.steps + 0.5) / total, min(spent, 1.0))  # the middle of this step
-            for group in optimizer.param_groups:
-                group["lr"] = sft.lr * schedule_factor(at, sft.warmup_ratio)
-            with autocast:
-                loss, processed = token_loss(model, [encoded[i] for i in batch], tokenizer.pad_token_id,
-                                             chunk_mb=sft.logits_chunk_mb)
-                total_loss = loss
-                if sft.copy_rows:
-                    # A token no SFT target holds (a piece of an unseen database's name) only ever has
-                    # its logit pushed down, until the policy cannot write it even when the schema
-                    # does; the copy strings keep every token's output and the copy head alive.
-                    copy_term = copy_loss(model, tokenizer, copy_pool, sft.copy_rows,
-                                          settings.model.copy_warmup.max_len, copy_rng)
-                    total_loss = loss + copy_term
-                    done.copy_losses.append(float(copy_term.detach()))
-            optimizer.zero_grad(set_to_none=True)
-            total_loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
-            optimizer.step()
-            done.losses.append(float(loss.detach()))
-            done.tokens += processed
-            done.sequence_tokens += sum(lengths[i] for i in batch)
-            done.steps += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{done.losses[-1]:.3f}")
-            out_of_time = budget_s > 0 and time.perf_counter() - started >= budget_s
-            if done.steps >= total or out_of_time:
-                done.stopped = done.steps < total
-                break
+    with _layers_checkpointed(model, sft.gradient_checkpointing):
+        while done.steps < total and not done.stopped:
+            for batch in _batches(lengths, groups, sft.batch_size, rng):
+                spent = (time.perf_counter() - started) / budget_s if budget_s > 0 else 0.0
+                at = max((done.steps + 0.5) / total, min(spent, 1.0))  # the middle of this step
+                for group in optimizer.param_groups:
+                    group["lr"] = sft.lr * schedule_factor(at, sft.warmup_ratio)
+                optimizer.zero_grad(set_to_none=True)  # no gradients held through the forward pass
+                loss, total_loss, processed = loss_of([encoded[i] for i in batch], done)
+                total_loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+                optimizer.step()
+                done.losses.append(float(loss.detach()))
+                done.tokens += processed
+                done.sequence_tokens += sum(lengths[i] for i in batch)
+                done.steps += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{done.losses[-1]:.3f}")
+                out_of_time = budget_s > 0 and time.perf_counter() - started >= budget_s
+                if done.steps >= total or out_of_time:
+                    done.stopped = done.steps < total
+                    break
     bar.close()
     return done
+
+
+class _StepLoss:
+    """One step's loss at the precision of ``sft.autocast``: ``token_loss`` of the batch's rows,
+    plus the copy term of ``sft.copy_rows`` (recorded in ``_Trained.copy_losses``)."""
+
+    def __init__(self, model: Any, tokenizer: Any, settings: Settings, weights: torch.dtype) -> None:
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.autocast = training_autocast(settings.sft.autocast, model.device, weights)
+        self.copy_rng, self.copy_pool = random.Random(f"{settings.seed}:sft-copy"), ordinary_ids(tokenizer)
+
+    def __call__(self, rows: list[tuple[list[int], list[int]]], done: _Trained) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(the SFT loss, the loss to minimise, positions run through the model)."""
+        sft, rl = self.settings.sft, self.settings.rl
+        with self.autocast:
+            loss, processed = token_loss(self.model, rows, self.tokenizer.pad_token_id, chunk_mb=sft.logits_chunk_mb,
+                                         min_shared=rl.shared_prefix_min_tokens, query_block=rl.attention_query_block)
+            if not sft.copy_rows:
+                return loss, loss, processed
+            # A token no SFT target holds (a piece of an unseen database's name) only ever has its
+            # logit pushed down, until the policy cannot write it even when the schema does; the
+            # copy strings keep every token's output and the copy head alive.
+            copy_term = copy_loss(self.model, self.tokenizer, self.copy_pool, sft.copy_rows,
+                                  self.settings.model.copy_warmup.max_len, self.copy_rng)
+        done.copy_losses.append(float(copy_term.detach()))
+        return loss, loss + copy_term, processed
+
+
+@contextlib.contextmanager
+def _layers_checkpointed(model: Any, on: bool) -> Iterator[None]:
+    """Inside, with ``on`` (``sft.gradient_checkpointing``): each decoder layer keeps only its
+    input for the backward pass and runs again there (transformers' gradient checkpointing):
+    a step's activations shrink from ~1.3 MB a token (SmolLM2's 30 layers) to ~0.1 MB, for one
+    more forward pass. Off again after."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not on:
+        yield
+        return
+    inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield
+    finally:
+        inner.gradient_checkpointing_disable()
 
 
 # ----------------------------------------------------------------------------- quick evaluation

@@ -33,7 +33,11 @@ digits, so the first pass would not be exactly on-policy and clipping would fire
 one update per batch the loss's own forward, detached, is the old policy (the weights only move
 at the batch's end), which saves a forward pass; with several passes one no-grad forward before
 the first update gives them. Either way the ratio of pass 1 is 1 exactly; the sampler's values
-are kept for the ``logprob_gap`` metric (at temperature 1). Logits are computed only from the
+are kept for the ``logprob_gap`` metric (at temperature 1). Every trainer-side pass (the loss's,
+the old policy's, the KL reference's) runs at the engine's precision (``rl.autocast``: bf16
+autocast where the device has it), so no ratio or KL compares two precisions; only the sampler's
+values (``logprob_gap``, and with ``rl.async`` the behaviour policy of the importance weights)
+come from another. Logits are computed only from the
 first scored position on (the prompt's vocabulary projection is never trained).
 Dropout is switched off in the policy, so eval-mode sampling and train-mode training see the
 same function.
@@ -269,12 +273,15 @@ def update_batches(run: RLRun, batch: StepBatch, share: bool
 
 def reference_logprobs(run: RLRun, batch: TokenBatch) -> torch.Tensor | None:
     """The KL reference's log-probabilities of ``batch``'s scored tokens (None when rl.kl_beta is
-    0): the frozen starting policy, or with LoRA the policy with its adapters disabled."""
+    0): the frozen starting policy, or with LoRA the policy with its adapters disabled. At the
+    policy's precision (the engine's autocast, ``rl.autocast``): a reference in fp32 against a
+    policy in bf16 would show a KL of bf16's rounding before any update."""
     rl, gen = run.settings.rl, run.settings.generation
     if rl.kl_beta <= 0:
         return None
     if run.reference is not None:
-        return token_logprobs(run.reference, batch, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
+        with run.engine.autocast():
+            return token_logprobs(run.reference, batch, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
     with adapters_disabled(run.engine.module):
         return token_logprobs(run.engine, batch, temperature=gen.temperature, chunk_mb=rl.logits_chunk_mb)
 

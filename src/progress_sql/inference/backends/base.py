@@ -73,6 +73,14 @@ class GenerationBackend(Protocol):
         with ``model`` or loading ``model_path``, seeded with ``seed``."""
         ...
 
+    @classmethod
+    def unavailable(cls, generation: GenerationSettings, model: Any, model_path: str | os.PathLike | None
+                    ) -> str | None:
+        """Why this backend cannot serve ``model`` (or ``model_path``) here, in a few words; None
+        when it can. ``generation.backend: auto`` takes the first backend that can
+        (``inference.settings.AUTO_ORDER``); cheap: nothing is imported or started."""
+        ...
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

@@ -217,6 +217,12 @@ class TransformersBackend:
         """Generates with ``model`` itself (no copy: ``sync_weights`` of it is free)."""
         return cls(model, tokenizer, generation.batch_size, prefix_cache=generation.transformers.prefix_cache)
 
+    @classmethod
+    def unavailable(cls, generation: GenerationSettings, model: Any, model_path: str | os.PathLike | None
+                    ) -> str | None:
+        """None: it generates with any loaded model."""
+        return None
+
     @contextlib.contextmanager
     def reusing_prefixes(self) -> Iterator[None]:
         """Inside: every sample's KV cache (its prompt and sampled ids but the last) is kept, and

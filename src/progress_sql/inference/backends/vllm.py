@@ -1,11 +1,20 @@
 """The vLLM backend: ``vllm`` on a GPU, ``vllm-cpu`` on CPU (``make vllm-cpu``), imported when
 constructed. Its engine runs in its own processes, with prefix caching; the training model's
 weights are loaded into it after each update (``sync_weights``, through ``vllm_worker``).
+
+On CPU the engine's worker runs its OpenMP threads on the cores ``generation.vllm.cpu_cores``
+names: by default every core this process may use (``os.sched_getaffinity``), one thread a
+physical core. vLLM's own choice (``cpu_cores: vllm``) keeps one core for its scheduler, which
+on 2 cores halves the sampling threads while the trainer's core idles (SmolLM2: 390 against
+550-630 tokens/s; bench/bench_cores.py). The binding is set in the environment the engine's
+processes start with, for the start only, and never over a binding the user set there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import json
 import multiprocessing.resource_tracker
 import os
@@ -15,7 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -86,6 +95,83 @@ def _context_length(gen: GenerationSettings, model_dir: Path) -> int:
     return context
 
 
+# The attention head sizes vLLM-CPU's attention takes (vllm-cpu 0.32's CPUAttentionBackend
+# .get_supported_head_sizes(), which takes ~10 s to import; tests/test_vllm_backend.py compares)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _cpu_build() -> bool:
+    """Whether the vLLM installed is a CPU build (vllm-cpu, or vllm with a ``+cpu`` version)."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.distribution("vllm-cpu")
+        return True
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return "cpu" in importlib.metadata.version("vllm")
+    return False
+
+
+def _head_size(model: Any, model_path: str | os.PathLike | None) -> int | None:
+    """The attention head size of ``model`` (its config) or of ``model_path``'s config.json."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        config = config.to_dict()
+    elif model_path is not None and (Path(model_path) / "config.json").is_file():
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    if not config:
+        return None
+    heads = config.get("num_attention_heads")
+    return config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else None)
+
+
+# vLLM-CPU's binding of its worker's OpenMP threads: a list of cores, and the cores it keeps
+# for its scheduler process out of that list (one per worker unless told)
+CPU_BINDING_VARIABLES = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+
+
+def physical_cores(cpus: Iterable[int]) -> list[int]:
+    """One logical CPU of each physical core among ``cpus`` (the lowest id): two OpenMP threads
+    on the hyper-threads of one core slow each other's matrix products."""
+    first: dict[tuple[str, str], int] = {}
+    for cpu in sorted(cpus):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+        except OSError:  # no topology to read: each CPU a core of its own
+            core = ("", str(cpu))
+        first.setdefault(core, cpu)
+    return sorted(first.values())
+
+
+def cpu_binding(cores: str) -> dict[str, str]:
+    """The variables that bind vLLM-CPU's worker threads as ``generation.vllm.cpu_cores`` says:
+    ``all``, one thread on each physical core this process may use, none kept for the scheduler
+    (it waits while the worker computes); a list such as ``0-3,6``, those cores; ``vllm``,
+    nothing (vLLM's own binding)."""
+    if cores == "vllm":
+        return {}
+    if cores == "all":
+        cores = ",".join(str(c) for c in physical_cores(os.sched_getaffinity(0)))
+    return {"VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+@contextlib.contextmanager
+def engine_start_environment(gen: GenerationSettings, cpu: bool) -> Iterator[dict[str, str]]:
+    """Inside: the environment the engine's processes start with (they inherit it); yields the
+    binding set. On CPU the binding of ``cpu_binding``, unless the user set either variable (theirs
+    is kept, ours not set). After: the environment and this process's torch threads as they were
+    (the trainer computes with them between rollouts)."""
+    binding = {} if not cpu or any(v in os.environ for v in CPU_BINDING_VARIABLES) else cpu_binding(gen.vllm.cpu_cores)
+    threads = torch.get_num_threads()
+    os.environ.update(binding)
+    try:
+        yield binding
+    finally:
+        for key in binding:
+            os.environ.pop(key, None)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
 def _memory_options(gen: GenerationSettings, context: int, cpu: bool) -> dict[str, Any]:
     """The engine's memory and scheduling arguments: a share of the GPU (sleeping between
     rollouts at ``sleep_level`` > 0), or on CPU a KV cache of fixed size and whole prompts."""
@@ -115,15 +201,34 @@ class VLLMBackend:
     """
 
     @classmethod
+    def unavailable(cls, generation: GenerationSettings, model: Any, model_path: str | os.PathLike | None
+                    ) -> str | None:
+        """Why vLLM cannot serve the model here: not installed, a GPU build on a machine without
+        a GPU, nothing to load (no folder or hub id, no loaded model to export), or (CPU) attention
+        heads vLLM-CPU does not take."""
+        if importlib.util.find_spec("vllm") is None:
+            return "not installed (GPU: pip install 'progress-sql[vllm]'; CPU: make vllm-cpu)"
+        if model_path is None and model is None:
+            return "no model folder, hub id or loaded model for the engine to load"
+        if torch.cuda.is_available():
+            return None
+        if not _cpu_build():
+            return "the vllm installed needs a GPU (on CPU: make vllm-cpu)"
+        head = _head_size(model, model_path)
+        if head is not None and head not in CPU_HEAD_SIZES:
+            return f"vLLM-CPU's attention takes no heads of size {head}"
+        return None
+
+    @classmethod
     def create(cls, generation: GenerationSettings, model: Any, tokenizer: Any,
                model_path: str | os.PathLike | None = None, *, seed: int = 0) -> VLLMBackend:
         """An engine that loads ``model_path`` (``model`` exported instead where that is no
-        model directory), seeded with ``seed``."""
-        if model_path is None:
-            raise ValueError("the vllm backend needs model_path (the checkpoint it loads)")
+        model directory, or None: a bundled model), seeded with ``seed``."""
+        if model_path is None and (model is None or tokenizer is None):
+            raise ValueError("the vllm backend needs model_path (the checkpoint it loads) or the loaded model")
         return cls(model_path, generation, seed=seed, tokenizer=tokenizer, model=model)
 
-    def __init__(self, model_path: str | os.PathLike, generation: GenerationSettings, *, seed: int = 0,
+    def __init__(self, model_path: str | os.PathLike | None, generation: GenerationSettings, *, seed: int = 0,
                  tokenizer: Any = None, model: Any = None) -> None:
         vllm = _import_vllm()
         import psutil  # noqa: PLC0415 - a dependency of vllm
@@ -131,9 +236,9 @@ class VLLMBackend:
         self._vllm = vllm
         own = generation.vllm
         self._timeout_s = own.timeout_s
-        path = Path(model_path)
+        path = Path(model_path) if model_path is not None else None
         self._tmp = tempfile.TemporaryDirectory(prefix="progress-sql-vllm-")
-        if not (path / "config.json").is_file():  # a bundled model's name or a hub id: export the loaded model
+        if path is None or not (path / "config.json").is_file():  # a bundled model or a hub id: export the loaded one
             if model is None or tokenizer is None:
                 raise ValueError(f"vLLM loads a model directory; {model_path!r} is none (pass the loaded model)")
             path = save_model_dir(model, tokenizer, Path(self._tmp.name) / "model")
@@ -143,17 +248,18 @@ class VLLMBackend:
         context = _context_length(generation, path)
         self._sleep_level = 0 if cpu else own.sleep_level
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        self.llm = vllm.LLM(
-            model=str(path),
-            dtype=own.dtype,
-            max_model_len=context,
-            seed=seed,
-            logprobs_mode="raw_logprobs",
-            enable_prefix_caching=True,
-            enforce_eager=own.enforce_eager,
-            worker_extension_cls="progress_sql.inference.backends.vllm_worker.VLLMWeightLoader",
-            **_memory_options(generation, context, cpu),
-        )
+        with engine_start_environment(generation, cpu) as self.cpu_binding:
+            self.llm = vllm.LLM(
+                model=str(path),
+                dtype=own.dtype,
+                max_model_len=context,
+                seed=seed,
+                logprobs_mode="raw_logprobs",
+                enable_prefix_caching=True,
+                enforce_eager=own.enforce_eager,
+                worker_extension_cls="progress_sql.inference.backends.vllm_worker.VLLMWeightLoader",
+                **_memory_options(generation, context, cpu),
+            )
         # The engine's processes (engine core, workers): watched while waiting on the engine and
         # stopped by close(). Not multiprocessing's resource tracker, which the first spawn starts
         # too: it serves this whole process and ends with it.
