@@ -130,7 +130,7 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     shared = tmp_path / "shared"
     markers = {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")}
     assert sorted(name.split("-")[0] for name in markers) == ["corpus", "sft", "tiny"], markers
-    # MLflow: one parent run named as the README says, a child per arm × seed, the report among
+    # MLflow: one parent run named as docs/comparisons.md says, a child per arm × seed, the report among
     # the parent's artifacts; every run names the command that made it.
     parent, children, client = _comparison_runs(cli_places["tracking.tracking_uri"])
     assert parent.data.tags["mlflow.source.name"].startswith("progress-sql --preset cpu-demo compare-run two --params "

@@ -456,7 +456,7 @@ def _dev_only_spider(root: Path) -> Path:
 
 
 def test_a_dev_only_spider_folder_imports_into_its_own_corpus_and_evaluates(tmp_path):
-    """The README's evaluation-only commands, run as written: `data import --spider DIR` with a
+    """docs/datasets.md's evaluation-only commands, run as written: `data import --spider DIR` with a
     dev.json alone (it asked for train_spider.json), into data/imported (it wrote over the
     bundled data/corpus), then `data validate --corpus` and `eval --corpus`."""
     spider = _dev_only_spider(tmp_path / "spider-dev")

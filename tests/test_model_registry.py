@@ -209,7 +209,7 @@ def test_champion_pyfunc_answers_a_question(store, taught_dir):
 
 @pytest.mark.slow  # shares the taught policy; `mlflow models serve` loads torch and the model (~30 s)
 def test_the_served_champion_answers_mlflows_usual_payloads(store, taught_dir, tmp_path):
-    """`mlflow models serve` of the champion, as README's "Promoting a model" runs it: each usual
+    """`mlflow models serve` of the champion, as docs/serving.md's "Serving the champion" runs it: each usual
     payload gets the SQL beside the raw text; a row without `schema` a 400 that names it."""
     settings = make_settings(store)
     policy, db = taught_dir
