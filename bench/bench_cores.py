@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PARAMS = Path(__file__).resolve().parent.parent / "params.yaml"
 BINDINGS = ("vllm", "all")  # generation.vllm.cpu_cores: before, now
+RESULT = "RESULT "  # the line of a part's process that holds its figures
 
 
 def _peak_rss_gib() -> float:
@@ -216,7 +217,8 @@ def run_part(args: argparse.Namespace, part: str, variant: str, work: Path) -> d
     if out.returncode != 0:
         print(f"{part} {variant} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
         return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # the part's libraries print to stdout too (vLLM, after the result as it shuts down)
+    return json.loads(next(line for line in reversed(out.stdout.splitlines()) if line.startswith(RESULT))[len(RESULT):])
 
 
 def report(part: str, rows: list[dict]) -> None:
@@ -261,7 +263,7 @@ def main() -> int:
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:
-        print(json.dumps(PARTS[args.part][0](args)))
+        print(RESULT + json.dumps(PARTS[args.part][0](args)), flush=True)
         return 0
     from progress_sql.inference.models import smollm2_gguf
 
