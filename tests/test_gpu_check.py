@@ -54,6 +54,7 @@ def test_gpu_check_runs_every_part_on_a_cpu(tmp_path):
     real = results["real"]
     assert set(real["ex_zero_shot"]) == set(real["ex_before"]) == set(real["ex_after"]) == {"indomain", "dev"}
     assert real["rl_steps"] == 1 and real["sft_steps"] >= 1  # the cpu-smollm2 recipe: SFT, RL, EX at each end
+    assert real["scored"]["scored"] == 4 and len(real["groups_signal"]) == 1  # its question scores, its signal count
     table = (out / "gpu_check.md").read_text()
     assert "in-RL generation / model.generate" in table and "ZeRO" not in table.split("\n")[0]
     assert "steps/min async / zero2 (sync)" in table

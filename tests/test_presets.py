@@ -377,9 +377,11 @@ def tiny_policy(tmp_path_factory):
 
 def _one_step(policy, out, judge_url: str) -> dict:
     """On top of a preset: the tiny model for its model, tiny sizes and lengths, one step, plain
-    torch, transformers generation, the judge (where a preset turns it on) at ``judge_url``.
+    torch, transformers generation, the judge (where a preset turns it on) at ``judge_url``, every
+    question drawn (a band needs question scores: tests/test_trainer.py scores and draws a band).
     The recipe, environment, algorithm, G, turn budgets, rewards and rates stay the preset's."""
     return {"rl.init_from": str(policy), "rl.out_dir": str(out), "rl.steps": 1, "rl.questions_per_step": 1,
+            "rl.questions": "all",
             "rl.micro_batch_size": 8, "rl.deepspeed": "never", "rl.max_minutes": 10.0, "rl.checkpoint_every": 1,
             "generation.backend": "transformers", "generation.max_new_tokens": 16,
             "generation.max_prompt_tokens": 1536, "generation.batch_size": 64, "tracking.enabled": False,
@@ -403,7 +405,9 @@ def test_one_rl_step_of_each_preset_with_the_tiny_model(name, tiny_policy, tmp_p
     for key in ("recipe", "env", "algorithm", "group_size", "lr", "kl_beta", "clip_eps_high", "loss_aggregation"):
         assert ran[key] == getattr(preset.rl, key), (name, key)
     rows = (result.out_dir / "rollouts" / "step-1.jsonl").read_text().splitlines()
-    assert len(rows) == preset.rl.group_size, name  # one question, G rollouts
+    # one question, G rollouts; with dynamic sampling one more question a draw while no group has a signal
+    drawn = int(m["groups/drawn"])
+    assert len(rows) == preset.rl.group_size * drawn and (drawn == 1 or preset.rl.dynamic_sampling.enabled), name
     if preset.rl.env == "single_turn":
         assert m["turns/mean"] == 1.0
     if preset.rewards.reasoning_sql.judge_backend != "off" and preset.rl.recipe == "reasoning_sql":
