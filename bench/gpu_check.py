@@ -122,7 +122,7 @@ def _load_settings(args: argparse.Namespace, work: Path, extra: dict[str, Any] |
         "generation.batch_size": args.questions * args.group_size,
     })
     overrides.update(extra or {})
-    return load_settings(REPO / "params.yaml", overrides)
+    return load_settings(REPO / "params.yaml", overrides, preset="tiny")  # a policy of the shape above, from scratch
 
 
 def _device():
@@ -478,7 +478,7 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rl.deepspeed": "always", "rl.deepspeed_config": "configs/deepspeed/zero2.json",
         "rl.steps": args.real_steps, "rl.checkpoint_every": args.real_steps, "rl.keep_checkpoints": 1,
         "rl.save_rollouts": False, "rl.max_minutes": 60.0, "generation.max_new_tokens": args.real_new_tokens,
-        # the preset samples with vLLM; the transformers backend where it is not installed (and in the smoke test)
+        # the recipe samples with vLLM where installed (generation.backend auto); the smoke test with transformers
         **({} if importlib.util.find_spec("vllm") and not args.cpu_smoke else {"generation.backend": "transformers"}),
         "rl.scores.out_dir": str(work / "question-scores"),
         # a random tiny policy answers nothing right: its scores leave no question inside the band

@@ -61,7 +61,7 @@ NO_BUDGET: dict[str, Any] = {}
 # The settings paths a pipeline run writes; with a work_dir each relative one is placed under
 # it. An init_from that names one of them (the pipeline's own model) follows it there.
 WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.scores.out_dir", "rl.out_dir", "eval.out_dir",
-                  "tracking.model_cache_dir", "compare.out_dir", "compare.shared_dir", "compare.report_dir")
+                  "eval.zero_shot_out_dir", "eval.sft_out_dir", "tracking.model_cache_dir", "compare.out_dir", "compare.shared_dir", "compare.report_dir")
 FOLLOWS = {"sft.init_from": "model.base_dir", "rl.init_from": "sft.out_dir"}
 # The retries of the registry tasks (see the module docstring).
 REGISTRY_RETRIES = 2
@@ -211,16 +211,28 @@ def train_rl(settings: Settings, corpus_dir: str, report_dir: str) -> str:
     return str(result.final_dir)
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(settings: Settings, model: str, corpus_dir: str, splits: list[str] | None = None) -> dict[str, float]:
-    """``progress-sql eval``: the flat metrics; the report's tables are published as the
-    ``evaluation`` markdown artifact."""
-    result = stages.evaluate(settings, model, corpus_dir, splits, settings.eval.out_dir, progress=False)
+@task(name="evaluate", cache_policy=NO_CACHE, task_run_name="evaluate {label}")
+def evaluate(settings: Settings, model: str, corpus_dir: str, splits: list[str] | None = None, *,
+             out_dir: str = "", label: str = "") -> dict[str, float]:
+    """``progress-sql eval [--as LABEL]`` into ``out_dir`` (default eval.out_dir): the flat
+    metrics; the report's tables are published as the ``evaluation[-LABEL]`` markdown artifact."""
+    result = stages.evaluate(settings, model, corpus_dir, splits, out_dir or settings.eval.out_dir, progress=False,
+                             label=label)
     gate = settings.eval.gate_metric
     value = result.gate(gate)
-    create_markdown_artifact(key="evaluation", markdown=result.files["report"].read_text(encoding="utf-8"),
+    create_markdown_artifact(key=f"evaluation-{label}" if label else "evaluation",
+                             markdown=result.files["report"].read_text(encoding="utf-8"),
                              description=f"{model}: {gate} = {'not computed' if value is None else f'{value:.4f}'}")
     return result.flat
+
+
+@task(name="summary", cache_policy=NO_CACHE)
+def summary(settings: Settings, registry_report: str) -> str:
+    """``progress-sql summary``: the closing table (zero-shot, SFT and RL EX per split, RL
+    against SFT question by question), published as the ``summary`` markdown artifact."""
+    text = stages.summary(settings, registry_report=registry_report).render()
+    create_markdown_artifact(key="summary", markdown=f"```\n{text}\n```", description="the pipeline's results")
+    return text
 
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=REGISTRY_RETRIES, retry_delay_seconds=REGISTRY_RETRY_DELAY_S)
@@ -271,17 +283,19 @@ def training_pipeline(
     reports: str = "reports",
     mlruns_in_work_dir: bool = False,
 ) -> dict[str, Any]:
-    """The whole pipeline: build and validate the corpus, build the tiny policy, SFT warm start,
-    (rl.questions band) the train questions scored, RL, evaluation, registration (the champion
-    alias moves only when ``eval.gate_metric`` beats the champion's). Returns the registry decision.
+    """The whole pipeline: build and validate the corpus, the starting model (model.pretrained, or
+    the tiny policy) and its evaluation, SFT warm start and its evaluation, (rl.questions band) the
+    train questions scored, RL, evaluation, registration (the champion alias moves only when
+    ``eval.gate_metric`` beats the champion's), the closing table (the ``summary`` artifact).
+    Returns the registry decision.
 
     Args:
-        preset: Sizes and protocol from configs/presets/: cpu-demo, the whole pipeline in about a minute; cpu-long, the hour-long CPU run (params.yaml is the 15-minute one); cpu-smollm2, SmolLM2-135M-Instruct through SFT, RL and evaluation in about 45 minutes (init_tiny_model then saves the pretrained model into model.base_dir); the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU); none: params.yaml as it is.
+        preset: Sizes and protocol from configs/presets/: none, params.yaml as it is (SmolLM2-135M-Instruct through SFT, RL and evaluation on 2 CPU cores, the same as cpu-smollm2); cpu-demo, the tiny policy through the whole pipeline in about a minute; tiny, the tiny policy at the full corpus; cpu-long, the tiny policy's hour-long run; the papers' protocols (progress-sql and its ablations, reasoning-sql, sql-trail, skyrl-sql, oneshot; they need the model in models/ and a GPU).
         work_dir: Folder of this run's outputs (data/, outputs/, reports/ under it), relative to the repository root or absolute; empty: the repository's own folders, as dvc repro writes them.
         overrides: Dotted settings keys to override, as JSON, on top of the preset, e.g. {"rl.recipe": "oneshot", "rl.steps": 10}.
         params: The settings file, relative to the repository root.
         run_sft: Warm-start with SFT; off: RL starts from rl.init_from as it is.
-        init_tiny_model: Build the tiny CPU policy into model.base_dir (or save model.pretrained there: cpu-smollm2); off when sft.init_from / rl.init_from name a real model.
+        init_tiny_model: Save model.pretrained (SmolLM2 by default) into model.base_dir, or build the tiny policy there, and evaluate it (the zero-shot column); off when sft.init_from / rl.init_from name a model of your own.
         async_rollouts: Asynchronous rollouts (rl.async.enabled): a producer process samples the next step while the trainer updates, its weights at most rl.async.max_staleness steps old.
         reports: Folder of the stage reports (data/, train/, registry.json), as in dvc.yaml; under work_dir when relative.
         mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store, where the MLflow UI looks.
@@ -298,16 +312,22 @@ def training_pipeline(
         validate_data(settings, corpus, str(report_root / "data"))
         if init_tiny_model:
             init_model(settings, corpus)
+            evaluate(settings, settings.model.base_dir, corpus, out_dir=settings.eval.zero_shot_out_dir,
+                     label="zero-shot")
         if run_sft:
             sft(settings, corpus, str(report_root / "train"))
+            evaluate(settings, settings.sft.out_dir, corpus, out_dir=settings.eval.sft_out_dir, label="sft")
         if settings.rl.questions == "band":  # RL draws by the scores of its starting policy
             score_questions(settings, corpus, str(report_root / "train"))
         policy = train_rl(settings, corpus, str(report_root / "train"))
         metrics = evaluate(settings, policy, corpus)
         if not settings.tracking.enabled:  # as `progress-sql registry register`: no registry to use
+            summary(settings, str(report_root / "registry.json"))
             return {"model": settings.tracking.model_name, "registered": False, "reason": "tracking.enabled is false"}
         version = register_model(settings, policy, metrics)
-        return promote_if_better(settings, version, metrics, str(report_root / "registry.json"))
+        decision = promote_if_better(settings, version, metrics, str(report_root / "registry.json"))
+        summary(settings, str(report_root / "registry.json"))
+        return decision
 
 
 @flow(name="evaluate-model")

@@ -11,12 +11,12 @@ By hand, against a Prefect server of your own (PREFECT_API_URL must name its API
     PREFECT_API_URL=http://127.0.0.1:4200/api python flows/serve.py    # terminal 2
 
 Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run. The form starts on the
-demo (``preset`` cpu-demo, ``work_dir`` runs/demo: about a minute, nothing written into the
-repository's data/, outputs/ or reports/); pick ``cpu-long`` and clear ``work_dir`` for the
-full CPU run. Runs execute in this process's machine, in the repository root, one at a time
-(``--limit``). ``compare-methods`` runs a comparison of configs/comparisons/ (the form:
-the comparison, the scale, the arms, the number of seeds, budget overrides), each arm × seed a
-task run.
+default run (``preset`` none: params.yaml, SmolLM2-135M-Instruct, about 45 minutes on 2 cores;
+``work_dir`` runs/default: nothing written into the repository's data/, outputs/ or reports/);
+pick ``cpu-demo`` for the tiny policy in about a minute. Runs execute in this process's
+machine, in the repository root, one at a time (``--limit``). ``compare-methods`` runs a
+comparison of configs/comparisons/ (the form: the comparison, the scale, the arms, the number of
+seeds, budget overrides), each arm × seed a task run.
 """
 
 from __future__ import annotations
@@ -36,19 +36,22 @@ from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 from flows.pipeline import compare_methods, evaluate_model, promote_model, training_pipeline  # noqa: E402
 from progress_sql.servers import DEPLOYMENTS  # noqa: E402  (the names `progress-sql ui` waits for)
 
-# What the Custom run form starts with: the one-minute demo, in its own folder.
-DEMO_DEFAULTS = {"preset": "cpu-demo", "work_dir": "runs/demo"}
+# What the Custom run form starts with: the default run (params.yaml: SmolLM2, ~45 min on 2 cores)
+# in its own folder; the comparison at the real model's scale, on the two arms the paper's
+# question needs (all five would take hours on a CPU).
+FORM_DEFAULTS = {"preset": "none", "work_dir": "runs/default"}
+COMPARISON_DEFAULTS = {"comparison": "methods", "preset": "cpu-smollm2", "arms": ["progress-sql", "oneshot"],
+                       "work_dir": "runs/default"}
 
 
 def deployments() -> list[RunnerDeployment]:
-    """The deployments, named as in DEPLOYMENTS (one per flow), defaulting to the demo."""
+    """The deployments, named as in DEPLOYMENTS (one per flow), defaulting to the real model."""
     tags = ["progress-sql"]
     built = [
-        training_pipeline.to_deployment(name="training-pipeline", tags=tags, parameters=DEMO_DEFAULTS),
-        evaluate_model.to_deployment(name="evaluate-model", tags=tags, parameters=DEMO_DEFAULTS),
-        promote_model.to_deployment(name="promote-model", tags=tags, parameters=DEMO_DEFAULTS),
-        compare_methods.to_deployment(name="compare-methods", tags=tags,
-                                      parameters={"comparison": "methods", **DEMO_DEFAULTS}),
+        training_pipeline.to_deployment(name="training-pipeline", tags=tags, parameters=FORM_DEFAULTS),
+        evaluate_model.to_deployment(name="evaluate-model", tags=tags, parameters=FORM_DEFAULTS),
+        promote_model.to_deployment(name="promote-model", tags=tags, parameters=FORM_DEFAULTS),
+        compare_methods.to_deployment(name="compare-methods", tags=tags, parameters=COMPARISON_DEFAULTS),
     ]
     assert tuple(d.name for d in built) == DEPLOYMENTS
     return built

@@ -36,6 +36,17 @@ SPIDER_ROWS = {
 }
 
 
+def tiny_params() -> dict:
+    """params.yaml with the ``tiny`` preset merged in (the tiny policy built from scratch instead
+    of SmolLM2): the base of the tests that run the pipeline on a copy of the project's settings."""
+    import yaml
+
+    from progress_sql.params import load_preset, merge_overlay
+
+    overlay, _ = load_preset("tiny", REPO / "configs" / "presets")
+    return merge_overlay(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")), overlay)
+
+
 def conformance_dir() -> Path | None:
     """../shared/conformance/spider, or PROGRESS_SQL_CONFORMANCE when set."""
     env = os.environ.get("PROGRESS_SQL_CONFORMANCE")

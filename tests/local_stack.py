@@ -134,6 +134,7 @@ def tiny_overrides(root: Path, tracking_uri: str | None = None) -> dict[str, Any
         "data.out_dir": str(root / "corpus"), "model.base_dir": str(root / "tiny"),
         "sft.init_from": str(root / "tiny"), "sft.out_dir": str(root / "sft"),
         "rl.init_from": str(root / "sft"), "rl.out_dir": str(root / "rl"), "eval.out_dir": str(root / "eval"),
+        "eval.zero_shot_out_dir": str(root / "eval-zero-shot"), "eval.sft_out_dir": str(root / "eval-sft"),
         "tracking.tracking_uri": tracking_uri or f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
         "tracking.model_cache_dir": str(root / "registry"),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -120,3 +121,35 @@ def test_an_empty_model_is_refused_as_empty(tmp_path):
         assert result.exit_code == 2, result.output
         assert "error: --model is empty" in result.output
     assert not (tmp_path / "eval").exists()
+
+
+def test_the_summary_pairs_rl_against_sft_with_intervals(tmp_path):
+    """`progress-sql summary`: the starting points' greedy EX beside RL's, each with its Wilson
+    interval, and RL against SFT question by question (exact McNemar)."""
+    from progress_sql import stages
+    from progress_sql.params import settings_from_dict
+
+    def evaluation(folder: str, right: set[int]) -> str:
+        out = tmp_path / folder
+        (out / "predictions").mkdir(parents=True)
+        rows = [{"id": f"q{i}", "greedy": {"ex": i in right}} for i in range(20)]
+        (out / "predictions" / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / "metrics.json").write_text(json.dumps({"dev": {"greedy": {"ex": len(right) / 20, "n": 20}}}))
+        return str(out)
+
+    settings = settings_from_dict({"eval": {"out_dir": evaluation("rl", set(range(12))),
+                                            "sft_out_dir": evaluation("sft", {0, 1, 2, 3, 15}),
+                                            "zero_shot_out_dir": evaluation("zero", set())},
+                                   "rl": {"out_dir": str(tmp_path / "no-rl-run")}, "tracking": {"enabled": False}})
+    table = stages.summary(settings, registry_report=tmp_path / "none.json").render()
+    header = next(line for line in table.splitlines() if line.startswith("split") and "zero-shot" in line)
+    assert header.split() == ["split", "n", "zero-shot", "after", "SFT", "after", "RL", "RL", "vs", "SFT",
+                              "(gained/lost,", "p)"]
+    # 0/20 [0, 16.1], 5/20 [11.2, 46.9], 12/20 [38.7, 78.1]; RL gained 8 (q4..q11), lost 1 (q15)
+    row = next(line for line in table.splitlines() if line.startswith("Dev") and "[" in line)
+    assert row.split() == ["Dev", "20", "0.0", "%", "[0.0,", "16.1]", "25.0", "%", "[11.2,", "46.9]",
+                           "60.0", "%", "[38.7,", "78.1]", "+8", "-1,", "p", "=", "0.039"], row
+    # no SFT evaluation (a run before the stage existed): the table says nothing it cannot pair
+    bare = settings.model_copy(update={"eval": settings.eval.model_copy(update={"sft_out_dir": str(tmp_path / "x")})})
+    text = stages.summary(bare, registry_report=tmp_path / "none.json").render()
+    assert "after SFT" not in text and "RL vs SFT" in text and "zero-shot" in text

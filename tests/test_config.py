@@ -25,8 +25,16 @@ def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-def test_params_yaml_equals_model_defaults():
-    assert load_settings(PARAMS) == Settings()
+def test_params_yaml_is_the_defaults_with_the_real_model_recipe():
+    """One home per value: the code's defaults are the tiny policy's, params.yaml is them with
+    the cpu-smollm2 recipe (which says why each value), and the tiny preset takes it back."""
+    from progress_sql.params import load_preset, merge_overlay
+
+    recipe, _ = load_preset("cpu-smollm2", REPO / "configs" / "presets")
+    assert load_settings(PARAMS) == settings_from_dict(merge_overlay(Settings().model_dump(mode="json"), recipe))
+    assert load_settings(PARAMS, preset="cpu-smollm2") == load_settings(PARAMS)
+    assert load_settings(PARAMS, preset="tiny") == Settings()
+    assert load_settings(PARAMS).model.pretrained == "smollm2" and Settings().model.pretrained == ""
 
 
 def test_params_yaml_lists_every_setting_explicitly():
@@ -79,7 +87,8 @@ def test_defaults_md_numbers_are_present():
     assert (r.exec, r.judge, r.syntax, r.schema_linking, r.ngram, r.format, r.ngram_n) == (3, 2, 1, 1, 1, 1, 2)
     t = s.rewards.sql_trail
     assert (t.exec, t.turns, t.schema_linking, t.bigram, t.syntax, t.format) == (5, 2, 1, 1, 1, 1)
-    assert s.env.max_turns == 4 and s.env.trail_max_turns == 10
+    # the paper's T is the code's default; the default run (SmolLM2 on 2 cores) revises once
+    assert Settings().env.max_turns == 4 and s.env.max_turns == 2 and s.env.trail_max_turns == 10
     assert (s.env.observation_max_rows, s.env.observation_max_chars) == (50, 9000)
     assert (s.rewards.skyrl.bad_format, s.rewards.skyrl.wrong, s.rewards.skyrl.correct) == (-1, 0, 1)
 

@@ -15,15 +15,18 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, tiny_params
 
 pytest.importorskip("torch")
 mlflow = pytest.importorskip("mlflow")
 
 STAGES = ("build_data", "validate_data", "init_model", "sft", "score_questions", "train", "evaluate", "register")
-# the stages that log an MLflow run: build_data is deterministic, score_questions scores nothing by default
-LOGGED = tuple(s for s in STAGES if s not in ("build_data", "score_questions"))
-CHAIN = list(zip(STAGES, STAGES[1:]))
+# the starting points, evaluated once each beside the chain: the summary's zero-shot and SFT columns
+STARTS = {"evaluate_zero_shot": "init_model", "evaluate_sft": "sft"}
+# the stages that log an MLflow run (build_data is deterministic, score_questions scores nothing
+# with rl.questions all), by run name: the starting points' evaluations are `evaluate <label>`
+LOGGED = (*(s for s in STAGES if s not in ("build_data", "score_questions")), "evaluate zero-shot", "evaluate sft")
+CHAIN = [*zip(STAGES, STAGES[1:]), *((after, start) for start, after in STARTS.items())]
 TINY = {
     "data": {"n_databases": 4, "n_dev_databases": 1, "n_test_databases": 1, "train_size": 12, "dev_size": 4,
              "test_size": 4, "indomain_size": 3, "neighbours": 1, "rows_scale": 0.3},
@@ -62,7 +65,7 @@ def repo(tmp_path_factory):
     shutil.copytree(REPO / "src" / "progress_sql", root / "src" / "progress_sql",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    params = _merge(yaml.safe_load((REPO / "params.yaml").read_text()), json.loads(json.dumps(TINY)))
+    params = _merge(tiny_params(), json.loads(json.dumps(TINY)))
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / ".gitignore").write_text("/mlruns/\n/outputs/registry/\n")
     env = {k: v for k, v in os.environ.items()
@@ -90,8 +93,8 @@ def test_graph_is_the_whole_pipeline(repo):
     edges = set(re.findall(r'"(\w+)" -> "(\w+)"', dot))
     assert set(CHAIN) <= edges, dot
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    assert list(stages) == list(STAGES)
-    for name in ("init_model", "sft", "score_questions", "train", "evaluate", "register"):
+    assert set(stages) == set(STAGES) | set(STARTS)
+    for name in ("init_model", "sft", "score_questions", "train", "evaluate", "register", *STARTS):
         assert stages[name]["cmd"].startswith("progress-sql ") and stages[name]["params"]
 
 
@@ -99,7 +102,7 @@ def test_graph_is_the_whole_pipeline(repo):
 def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(repo):
     root, run = repo
     out = run("dvc", "repro")
-    for stage in STAGES:
+    for stage in (*STAGES, *STARTS):
         assert f"Running stage '{stage}'" in out.stdout
     decision = json.loads((root / "reports" / "registry.json").read_text())
     assert decision["registered"] and decision["version"] == 1 and decision["promoted"]
@@ -113,6 +116,9 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     table = run("progress-sql", "summary").stdout
     assert re.search(r"^In-domain +3 ", table, re.M) and re.search(r"^Dev +3 ", table, re.M), table
     assert "RL: 1 steps" in table and "registry: progress-sql-policy v1, promoted to champion" in table
+    # ... with the starting points beside RL, each with its interval, and RL paired against SFT
+    assert re.search(r"^split +n +zero-shot +after SFT +after RL +RL vs SFT", table, re.M), table
+    assert re.search(r"^Dev +3 +\d+\.\d % \[[\d.]+, [\d.]+\] .*, p = [\d.e-]+$", table, re.M), table
     assert re.search(r"MLflow run +[0-9a-f]{32} \(models:/progress-sql-policy/1\)", table), table
 
     started = time.perf_counter()
@@ -121,7 +127,8 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     assert time.perf_counter() - started < 60
     shown = json.loads(run("dvc", "metrics", "show", "--json").stdout)
     files = next(iter(shown.values()))["data"]
-    assert {"reports/eval/metrics.json", "reports/train/rl.json", "reports/train/sft.json"} <= set(files)
+    assert {"reports/eval/metrics.json", "reports/train/rl.json", "reports/train/sft.json",
+            "reports/eval-zero-shot/metrics.json", "reports/eval-sft/metrics.json"} <= set(files)
 
     # the default tracking store: <repo>/mlruns/mlflow.db, one parent with a nested run per stage
     from mlflow.tracking import MlflowClient
@@ -130,7 +137,7 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     exp = client.get_experiment_by_name("progress-sql")
     runs = client.search_runs([exp.experiment_id])
     stage_runs = [r for r in runs if r.data.tags.get("progress_sql.kind") == "stage"]
-    assert sorted(r.data.tags["progress_sql.stage"] for r in stage_runs) == sorted(LOGGED)
+    assert sorted(r.data.tags["progress_sql.stage"] for r in stage_runs) == sorted(s.split()[0] for s in LOGGED)
     # each named by its stage, the SFT also by the output format it teaches
     assert sorted(r.info.run_name for r in stage_runs) == sorted(s if s != "sft" else "sft think_sql" for s in LOGGED)
     assert len({r.data.tags["mlflow.parentRunId"] for r in stage_runs}) == 1
@@ -142,7 +149,7 @@ def test_repro_runs_everything_then_nothing_and_an_experiment_reruns_from_train(
     run("git", "commit", "-q", "-m", "baseline")
     exp_out = run("dvc", "exp", "run", "-S", "rl.recipe=oneshot", "-n", "oneshot")
     ran = set(re.findall(r"Running stage '(\w+)'", exp_out.stdout))
-    assert ran == {"sft", "score_questions", "train", "evaluate", "register"}, exp_out.stdout
+    assert ran == {"sft", "score_questions", "train", "evaluate", "register", *STARTS}, exp_out.stdout
     assert json.loads((root / "reports" / "registry.json").read_text())["version"] == 2
     parents = {r.info.run_name for r in client.search_runs([exp.experiment_id])
                if r.data.tags.get("progress_sql.kind") == "pipeline"}

@@ -24,7 +24,9 @@ sys.path.insert(0, str(REPO))  # the flows/ folder sits beside src/, outside the
 
 from local_stack import tiny_overrides  # noqa: E402
 from flows.pipeline import (  # noqa: E402
+    ARMS,
     PRESETS,
+    SCALES,
     StageFailed,
     evaluate_model,
     promote_model,
@@ -32,10 +34,11 @@ from flows.pipeline import (  # noqa: E402
     training_pipeline,
     validate_data,
 )
-from progress_sql.params import settings_from_dict  # noqa: E402
+from progress_sql.params import load_settings, settings_from_dict  # noqa: E402
 
 PARAMS = str(REPO / "params.yaml")
 STAGES = {"validate_data", "init_model", "sft", "train", "evaluate", "register"}  # the stages that log to MLflow
+STARTS = 2  # evaluate runs twice more: the starting model (zero-shot) and the SFT policy
 MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
 
 
@@ -134,7 +137,7 @@ def test_every_run_of_a_pipeline_logs_the_data_version_of_the_corpus_it_trained_
     parent, children = _pipeline_runs(overrides, state.state_details.flow_run_id)
     assert parent.data.params["data_version"] == trained_on
     assert {c.data.params["data_version"] for c in children} == {trained_on}
-    assert len(children) == len(STAGES)
+    assert len(children) == len(STAGES) + STARTS
     assert MODEL in (root / "reports" / "registry.json").read_text()
 
 
@@ -153,8 +156,12 @@ def test_the_mlflow_pipeline_run_is_the_prefect_flow_run_and_stages_nest_under_i
     assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")  # the UI's route
     assert parent.data.params["rl.steps"] == "1"  # the overridden settings are the run's params
     assert "dev/greedy/ex" in parent.data.metrics
+    # the starting points' EX beside the policy's, each from its own evaluate run
+    assert {"zero-shot/dev/greedy/ex", "sft/dev/greedy/ex"} <= set(parent.data.metrics)
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert {r.data.tags["progress_sql.stage"] for r in children} == STAGES
+    assert sorted(r.info.run_name for r in children if r.data.tags["progress_sql.stage"] == "evaluate") == [
+        "evaluate", "evaluate sft", "evaluate zero-shot"]
     assert all(r.info.status == "FINISHED" for r in children)
     # The registered version comes from the register stage of this pipeline run.
     version = client.get_model_version(MODEL, "1")
@@ -175,6 +182,11 @@ def test_the_evaluation_and_validation_reports_are_published_as_markdown_artifac
     assert "PASSED" in validation.data
     registry = _artifact("registry", flow_run_id)
     assert f"| {MODEL} | 1 |" in registry.data and "promoted" in registry.data
+    # the closing table: zero-shot, SFT and RL on the same questions, RL paired against SFT
+    summary = _artifact("summary", flow_run_id).data
+    assert "zero-shot" in summary and "after SFT" in summary and "RL vs SFT" in summary, summary
+    assert (root / "eval-zero-shot" / "predictions" / "dev.jsonl").is_file()
+    assert (root / "eval-sft" / "predictions" / "dev.jsonl").is_file()
 
 
 @pytest.mark.slow
@@ -290,7 +302,7 @@ def test_work_dir_takes_the_outputs_and_the_preset_the_sizes(tmp_path):
 
 
 def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
-    from flows.serve import DEMO_DEFAULTS, DEPLOYMENTS, deployments
+    from flows.serve import COMPARISON_DEFAULTS, DEPLOYMENTS, FORM_DEFAULTS, deployments
 
     monkeypatch.chdir(REPO)  # entrypoints are relative to the working directory, as when serving
     built = {d.name: d for d in deployments()}
@@ -299,11 +311,14 @@ def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
     assert built["evaluate-model"].entrypoint == "flows/pipeline.py:evaluate_model"
     assert built["promote-model"].entrypoint == "flows/pipeline.py:promote_model"
     assert all(d.tags == ["progress-sql"] for d in built.values())
-    # The form starts on the demo, in its own folder; the presets are a drop-down.
+    # The form starts on the default run (params.yaml: the real model), in its own folder; the
+    # comparison at the real model's scale on two arms; the presets are a drop-down.
     assert built["compare-methods"].entrypoint == "flows/pipeline.py:compare_methods"
-    assert all(d.parameters == DEMO_DEFAULTS == {"preset": "cpu-demo", "work_dir": "runs/demo"}
+    assert all(d.parameters == FORM_DEFAULTS == {"preset": "none", "work_dir": "runs/default"}
                for name, d in built.items() if name != "compare-methods")
-    assert built["compare-methods"].parameters == {"comparison": "methods", **DEMO_DEFAULTS}
+    assert built["compare-methods"].parameters == COMPARISON_DEFAULTS
+    assert COMPARISON_DEFAULTS["preset"] in SCALES and set(COMPARISON_DEFAULTS["arms"]) <= set(ARMS)
+    assert load_settings(PARAMS).model.pretrained == "smollm2"
     from prefect.utilities.callables import parameter_schema
 
     schema = parameter_schema(training_pipeline).model_dump()["properties"]  # what the form draws
@@ -315,7 +330,7 @@ def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
 
     form = parameter_schema(compare_methods).model_dump()["properties"]
     assert list(form)[:4] == ["comparison", "preset", "arms", "seeds"]
-    assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2"]
+    assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2", "tiny"]
     assert form["arms"]["type"] == "array" and form["arms"]["default"] == []
     assert {"progress-sql", "oneshot", "skyrl-sql", "no-decay"} <= set(form["arms"]["items"]["enum"])
     assert form["seeds"]["type"] == "integer"

@@ -64,12 +64,13 @@ def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_
                 "reports", "mlruns_in_work_dir"} <= set(form)
         assert {"none", "cpu-demo", "cpu-long", "cpu-smollm2"} <= set(form["preset"]["enum"])
         assert "Dotted settings keys" in form["overrides"]["description"]
-        assert deployment["parameters"] == {"preset": "cpu-demo", "work_dir": "runs/demo"}
+        assert deployment["parameters"] == {"preset": "none", "work_dir": "runs/default"}  # the real model
         assert deployment["entrypoint"] == "flows/pipeline.py:training_pipeline"
         # compare-methods' form: the scale among the scales only, the arms and seeds as fields
         compare = httpx.get(f"{api}/deployments/{ids['compare-methods']}", timeout=30).json()
         fields = compare["parameter_openapi_schema"]["properties"]
-        assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2"]
+        assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2", "tiny"]
+        assert compare["parameters"]["preset"] == "cpu-smollm2"
         assert "oneshot" in fields["arms"]["items"]["enum"] and fields["seeds"]["type"] == "integer"
 
         # A bad override fails the run at once, with the message the CLI prints.

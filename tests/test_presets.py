@@ -60,8 +60,8 @@ def test_every_preset_validates_over_params_yaml_and_says_what_it_is(name):
 
 
 def test_cpu_long_is_the_hour_long_run_and_cpu_demo_is_small():
-    long, default = load_settings(PARAMS, preset="cpu-long"), load_settings(PARAMS)
-    # the values of the default before the 15-minute one, explicitly (docs/experiments/2026-12-03-...)
+    long, default = load_settings(PARAMS, preset="cpu-long"), load_settings(PARAMS, preset="tiny")
+    # the tiny policy's values before its 15-minute run, explicitly (docs/experiments/2026-12-03-...)
     assert (long.data.n_databases, long.data.train_size, long.data.renamed_copies) == (16, 3000, 2)
     assert long.model.copy_warmup.steps == 3000 and long.sft.epochs == 7.0 and long.sft.copy_rows == 16
     assert (long.rl.steps, long.rl.max_minutes) == (40, 10.0)
@@ -134,7 +134,7 @@ def test_the_test_helpers_demo_configuration_is_the_cpu_demo_preset(tmp_path):
     overrides = tiny_overrides(tmp_path)
     demo = load_settings(PARAMS, preset="cpu-demo")
     for key, value in _leaves(load_preset("cpu-demo", PRESETS)[0]).items():
-        assert overrides[key] == value
+        assert overrides[key] == (value if not key.endswith(("_dir", "init_from")) else overrides[key])  # paths: root's
     assert load_settings(PARAMS, overrides).data == demo.data.model_copy(update={"out_dir": str(tmp_path / "corpus")})
 
 
@@ -260,7 +260,7 @@ def test_a_missing_model_stops_the_stage_at_once_naming_the_setting(tmp_path, mo
     assert runner.invoke(app, ["--preset", "progress-sql", "odt", "diff", "SELECT 1", "SELECT 1"]).exit_code == 0
     (tmp_path / "models" / "Qwen2.5-Coder-7B-Instruct").mkdir(parents=True)
     check_model_paths(settings, "rl.init_from")  # there now
-    with pytest.raises(SettingsError, match="sft.init_from: outputs/tiny-base does not exist"):
+    with pytest.raises(SettingsError, match="sft.init_from: outputs/smollm2-base does not exist"):
         check_model_paths(settings, "rl.init_from", "sft.init_from")  # the pipeline's own folders too
 
 
@@ -473,3 +473,26 @@ def test_an_installed_package_finds_its_presets_and_deepspeed_configs_from_any_f
     package = tmp_path / "site" / "progress_sql"
     assert out[:3] == [str(package / "__init__.py"), str(package / "configs" / "presets" / "progress-sql.yaml"),
                        str(package / "configs" / "deepspeed" / "zero3.json")]
+
+
+def test_a_preset_extends_another_and_errors_name_both_files(tmp_path):
+    """cpu-demo builds on tiny (its overlay merged first); a loop or a bad `extends` is refused."""
+    demo, tiny = load_preset("cpu-demo", PRESETS)[0], load_preset("tiny", PRESETS)[0]
+    assert "extends" not in demo and demo["model"]["pretrained"] == "" and demo["model"]["hidden_size"] == 64
+    assert demo["rl"]["lr"] == tiny["rl"]["lr"] and load_settings(PARAMS, preset="cpu-demo").model.pretrained == ""
+    folder = tmp_path / "configs" / "presets"
+    folder.mkdir(parents=True)
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "base.yaml").write_text("# base: a test\nrl:\n  steps: 7\n  lr: 0.5\n")
+    (folder / "top.yaml").write_text("# top: a test\nextends: base\nrl:\n  steps: 3\n")
+    top = load_settings(tmp_path / "params.yaml", preset="top")
+    assert (top.rl.steps, top.rl.lr) == (3, 0.5)  # the extending preset wins
+    (folder / "base.yaml").write_text("# base: a bad value\nrl:\n  lr: -0.5\n")
+    with pytest.raises(SettingsError, match="base.yaml"):  # the file the bad value came from
+        load_settings(tmp_path / "params.yaml", preset="top")
+    (folder / "base.yaml").write_text("# base: a loop\nextends: top\n")
+    with pytest.raises(SettingsError, match="goes round in a loop"):
+        load_settings(tmp_path / "params.yaml", preset="top")
+    (folder / "base.yaml").write_text("# base: bad\nextends: [top]\n")
+    with pytest.raises(SettingsError, match="`extends` must name a preset"):
+        load_settings(tmp_path / "params.yaml", preset="top")

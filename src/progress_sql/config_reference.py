@@ -14,6 +14,7 @@ neither params.yaml nor docs/CONFIG.md."""
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import typing
@@ -24,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.params import Settings, part_settings, registered_settings, yaml_load
+from progress_sql.params import Settings, dotted_items, part_settings, registered_settings, yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -97,9 +98,18 @@ def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterat
         yield key, kind, shown, _constraints(info)
 
 
+def _differs(value: Any, shown_default: str) -> bool:
+    """Whether params.yaml's ``value`` is not the default written ``shown_default`` (its repr)."""
+    try:
+        return value != ast.literal_eval(shown_default)
+    except (ValueError, SyntaxError):
+        return f"{value!r}" != shown_default
+
+
 def reference_markdown(params_text: str) -> str:
     """The whole reference page as Markdown."""
     comments = params_comments(params_text)
+    listed = dict(dotted_items(yaml_load(params_text) or {}))
     lines = [
         "# Configuration reference",
         "",
@@ -110,6 +120,8 @@ def reference_markdown(params_text: str) -> str:
         "The settings of a registered part (a reward recipe's weights `rewards.<recipe>`, a generation",
         "backend's `generation.<backend>`, a dataset source's `data.import_<source>` and `data.mix.<source>`)",
         "are listed where params.yaml lists them; a part's module holds the defaults of any other.",
+        "The default is the code's (the tiny policy's: `--preset tiny`); where params.yaml (the real",
+        "model's default run) sets another value, the cell shows both.",
         "",
     ]
     section = None
@@ -119,6 +131,8 @@ def reference_markdown(params_text: str) -> str:
             section = top
             lines += ["", f"## {section}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
         note = comments.get(key, "").replace("|", "\\|")
+        if key in listed and default.startswith("`") and _differs(listed[key], default.strip("`")):
+            default = f"{default}, params.yaml `{listed[key]!r}`"
         lines.append(f"| `{key}` | {type_name} | {default} | {limits} | {note} |")
     return "\n".join(lines) + "\n"
 

@@ -190,11 +190,12 @@ def train_rl(settings: Settings, corpus_dir: str | Path, *, out: str | Path | No
 
 
 def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Sequence[str] | None,
-             out_dir: str | Path, *, progress: bool = True) -> EvalResult:
+             out_dir: str | Path, *, progress: bool = True, label: str = "") -> EvalResult:
     """``evaluate``: ``model`` (a folder, a hub id, ``models:/NAME@ALIAS``, ``oracle``, ...) on
     ``splits`` (empty: ``eval.splits``); the files go to ``out_dir`` and, but for the
     predictions, to the stage run's artifacts (``eval/``); the flat metrics to the stage run
-    and its pipeline run."""
+    and its pipeline run, there as ``label/<metric>`` when ``label`` names a starting point
+    (zero-shot, sft) rather than the pipeline's policy."""
     from progress_sql.corpus.integrity import require_intact
 
     require_intact(corpus_dir)  # before the stage run opens: a damaged corpus leaves nothing behind
@@ -203,11 +204,12 @@ def evaluate(settings: Settings, model: str, corpus_dir: str | Path, splits: Seq
         from progress_sql import tracking
         from progress_sql.eval.runner import run_eval
 
-        stack.enter_context(tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir)))
+        stack.enter_context(tracking.stage_run("evaluate", settings, corpus_dir=str(corpus_dir),
+                                               run_name=f"evaluate {label}" if label else None))
         local = str(tracking.local_model_dir(model, settings)) if tracking.is_registry_uri(model) else model
         tracking.log_params({"eval.model": model})
         result = run_eval(settings, local, corpus_dir, splits or None, out_dir, progress=progress)
-        if tracking.log_eval(result):  # evaluation logs nothing itself: it sits below tracking
+        if tracking.log_eval(result, parent_prefix=label):  # evaluation logs nothing itself: it sits below tracking
             tracking.log_eval_examples(result, settings.eval.log_examples)
             result.notes.append("logged to the active MLflow run")
     return result
@@ -246,14 +248,26 @@ def summary(settings: Settings, *, registry_report: str | Path = "reports/regist
     ``registry_report``) and where its artefacts and MLflow run are. With ``mlflow`` and
     tracking on, the registered version's run id is read from the registry (imports MLflow);
     a registry that cannot be read leaves it out, naming why."""
+    from progress_sql.eval.paired import CompareError, compare_runs
     from progress_sql.eval.summary import PipelineSummary, read_rl_history
 
+    def read(path: Path) -> Any:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
     eval_dir, rl_dir = Path(settings.eval.out_dir), Path(settings.rl.out_dir)
-    metrics_file, registry_file = eval_dir / "metrics.json", Path(registry_report)
-    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) if metrics_file.is_file() else None
-    registry = json.loads(registry_file.read_text(encoding="utf-8")) if registry_file.is_file() else None
+    sft_dir = Path(settings.eval.sft_out_dir)
+    metrics, registry = read(eval_dir / "metrics.json"), read(Path(registry_report))
+    starts = {label: m for label, folder in (("zero-shot", settings.eval.zero_shot_out_dir), ("after SFT", sft_dir))
+              if (m := read(Path(folder) / "metrics.json")) is not None}
+    paired, paired_note = [], ""
+    if metrics is not None and "after SFT" in starts:
+        try:
+            paired = compare_runs(sft_dir, eval_dir, modes=("greedy",))
+        except CompareError as err:
+            paired_note = f"no paired test ({err})"
     places = {"corpus": settings.data.out_dir, "policy": str(rl_dir / "final"),
               "evaluation": f"{eval_dir / 'report.md'} (predictions: {eval_dir / 'predictions'})",
+              "starting points": f"{settings.eval.zero_shot_out_dir}, {sft_dir} (`progress-sql compare A B`)",
               "training curves": "reports/train/ (dvc plots show)"}
     if settings.tracking.enabled and mlflow:
         from progress_sql import tracking
@@ -268,7 +282,7 @@ def summary(settings: Settings, *, registry_report: str | Path = "reports/regist
                 run = f"not read ({err})"
             places["MLflow run"] = f"{run} (models:/{registry['model']}/{registry['version']})"
     return PipelineSummary(metrics=metrics, rl_history=read_rl_history(rl_dir / "metrics.jsonl"), places=places,
-                           registry=registry)
+                           registry=registry, starts=starts, paired=paired, paired_note=paired_note)
 
 
 def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, evidence: str = "") -> Any:

@@ -31,6 +31,10 @@ def evaluate(
     splits: list[str] = typer.Option([], "--split", help=f"Split or variant: {', '.join(EVAL_SPLITS)} "
                                                          "(repeatable; default: eval.splits)"),
     out: str = typer.Option(None, "--out", help="Output folder (default: eval.out_dir)"),
+    label: str = typer.Option("", "--as", help="What the model is to the pipeline, e.g. zero-shot or sft (the "
+                                               "stages evaluate_zero_shot, evaluate_sft): its MLflow run is "
+                                               "'evaluate LABEL' and its metrics reach the pipeline run as "
+                                               "LABEL/<metric>; default: the pipeline's policy"),
     params: ParamsFile = "params.yaml",
     corpus: CorpusDir = None,
     overrides: Overrides = [],
@@ -43,7 +47,7 @@ def evaluate(
     out_dir = Path(out or settings.eval.out_dir)
     with stage_or_exit("evaluate", POLICY_ERRORS, writes=out_dir):
         result = stages.evaluate(settings, model, Path(corpus or settings.data.out_dir), splits, out_dir,
-                                 progress=progress)
+                                 progress=progress, label=label)
     gate = settings.eval.gate_metric
     typer.echo(f"evaluated {model} → {out_dir}")
     for split, modes in result.metrics.items():

@@ -1,7 +1,8 @@
 """The pipeline's numbers in one short table (``progress-sql summary``, which ``make pipeline``
 prints after ``dvc repro``): EX per split and decoding mode from the evaluation's metrics.json,
-the RL curve from the run's metrics.jsonl (first and last steps and a sparkline), and where the
-artefacts and the MLflow run are. Pure formatting over the files the stages wrote: the caller
+the greedy EX of the starting points (zero-shot, after SFT) beside RL's with intervals and RL's
+paired test against SFT, the RL curve from the run's metrics.jsonl (first and last steps and a
+sparkline), and where the artefacts and the MLflow run are. Pure formatting over the files the stages wrote: the caller
 (``stages.summary``) finds them and asks the tracking layer for the MLflow details.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from progress_sql.eval.paired import PairedComparison, wilson_interval
 from progress_sql.eval.reports import decoding_modes, mode_label, split_title
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -50,6 +52,25 @@ class PipelineSummary:
     rl_history: list[dict[str, Any]] = field(default_factory=list)
     places: dict[str, str] = field(default_factory=dict)
     registry: dict[str, Any] | None = None  # reports/registry.json
+    # the starting points' metrics.json by label ("zero-shot", "after SFT"), evaluated as RL's
+    starts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paired: list[PairedComparison] = field(default_factory=list)  # RL against SFT, greedy, per split
+    paired_note: str = ""  # why there is no paired test, when there is none
+
+    def start_rows(self) -> tuple[list[str], list[list[str]]]:
+        """The closing table: greedy EX per split with its 95 % interval for each starting point
+        and the RL policy, then RL against SFT question by question (gained, lost, McNemar p)."""
+        columns = {**self.starts, "after RL": self.metrics or {}}
+        paired = {c.split: c for c in self.paired}
+        header = ["split", "n", *columns, "RL vs SFT (gained/lost, p)"]
+        rows = []
+        for split in (self.metrics or {}):
+            n = _greedy(self.metrics[split]).get("n")
+            cells = [_with_interval(_greedy(metrics.get(split, {}))) for metrics in columns.values()]
+            c = paired.get(split)
+            test = "-" if c is None else f"+{len(c.gained)} -{len(c.lost)}, p = {c.p_value:.2g}"
+            rows.append([split_title(split), "-" if n is None else str(n), *cells, test])
+        return header, rows
 
     def split_rows(self) -> tuple[list[str], list[list[str]]]:
         """The EX table: a header (split, n, one column per decoding mode) and a row per split."""
@@ -84,11 +105,13 @@ class PipelineSummary:
         if self.metrics is None:
             lines.append("evaluation: no metrics.json (evaluate not run)")
         else:
-            header, rows = self.split_rows()
-            widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-            fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                          for i, (c, w) in enumerate(zip(cells, widths)))
-            lines += [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+            lines += _table(*self.split_rows())
+            if self.starts:
+                lines += ["", "greedy EX [95 %]: the starting points and the RL policy on the same questions",
+                          *_table(*self.start_rows())]
+                if self.paired_note:
+                    lines.append(f"RL vs SFT: {self.paired_note}")
+                lines.append("")
         lines += self.curve_lines()
         if self.registry:
             reg = self.registry
@@ -100,6 +123,27 @@ class PipelineSummary:
         width = max((len(k) for k in self.places), default=0)
         lines += [f"{label.ljust(width)}  {where}" for label, where in self.places.items()]
         return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def _greedy(split_metrics: Any) -> dict[str, Any]:
+    greedy = split_metrics.get("greedy") if isinstance(split_metrics, dict) else None
+    return greedy if isinstance(greedy, dict) else {}
+
+
+def _with_interval(greedy: dict[str, Any]) -> str:
+    """EX with its 95 % Wilson interval, "12.5 % [9.6, 16.1]"; "-" when not evaluated."""
+    ex, n = greedy.get("ex"), greedy.get("n")
+    if not isinstance(ex, (int, float)) or not isinstance(n, int) or n <= 0:
+        return _percent(ex)
+    low, high = wilson_interval(round(ex * n), n)
+    return f"{_percent(ex)} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def _percent(value: Any) -> str:

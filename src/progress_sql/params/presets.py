@@ -2,8 +2,9 @@
 looked up, and how one is merged into a params tree.
 
 A preset is a YAML file with the same nested keys as params.yaml, holding only what differs
-(configs/presets/cpu-demo.yaml: the one-minute demo sizes). Adding one is adding a file.
-Order: params.yaml, then the preset, then --set overrides.
+(configs/presets/cpu-demo.yaml: the one-minute demo sizes). Adding one is adding a file. A
+preset may build on another (``extends: tiny``): the other's overlay is merged first.
+Order: params.yaml, then the preset (the ones it extends first), then --set overrides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from progress_sql.params.yaml_files import read_yaml
 
 PRESETS_SUBDIR = Path("configs") / "presets"
 NO_PRESET = "none"  # the name that means "params.yaml as it is" (a choice of the Prefect form)
+EXTENDS = "extends"  # a preset's key naming the preset it builds on (cpu-demo: extends tiny)
 # The presets and DeepSpeed configs ship inside the package (the checkout's configs/ links
 # there), so an installed package finds them from any folder. parents[1]: this module sits in
 # progress_sql/config/, the configs in progress_sql/configs/.
@@ -52,8 +54,17 @@ def preset_file(name: str, folder: str | Path | None = None) -> Path:
 
 
 def load_preset(name: str, folder: str | Path | None = None) -> tuple[dict[str, Any], Path]:
-    """The overlay of preset ``name`` (a mapping of settings sections) and its file; a file
-    that is not YAML or not a mapping of sections is a SettingsError naming the file."""
+    """The overlay of preset ``name`` with those it extends merged in first, and its file."""
+    chain = preset_chain(name, folder)
+    overlay: dict[str, Any] = {}
+    for part, _ in chain:
+        overlay = merge_overlay(overlay, part)
+    return overlay, chain[-1][1]
+
+
+def _read_preset(name: str, folder: str | Path | None = None) -> tuple[dict[str, Any], Path]:
+    """The overlay written in preset ``name``'s file (a mapping of settings sections) and the
+    file; a file that is not YAML or not a mapping of sections is a SettingsError naming it."""
     path = preset_file(name, folder)
     overlay = read_yaml(path, "preset file")
     if overlay is None:  # an empty overlay: params.yaml as it is
@@ -61,6 +72,22 @@ def load_preset(name: str, folder: str | Path | None = None) -> tuple[dict[str, 
     if not isinstance(overlay, dict):
         raise SettingsError(f"preset {path}: the top level must be a mapping of settings sections")
     return overlay, path
+
+
+def preset_chain(name: str, folder: str | Path | None = None) -> list[tuple[dict[str, Any], Path]]:
+    """Preset ``name`` and the presets it extends (``extends: OTHER``, a name in the same
+    folder), base first, each overlay without its ``extends`` key; a loop is a SettingsError."""
+    chain: list[tuple[dict[str, Any], Path]] = []
+    while name:
+        overlay, path = _read_preset(name, folder)
+        if any(path.resolve() == seen.resolve() for _, seen in chain):
+            raise SettingsError(f"preset {path}: `extends` goes round in a loop")
+        parent = overlay.get(EXTENDS)
+        if parent is not None and not isinstance(parent, str):
+            raise SettingsError(f"preset {path}: `{EXTENDS}` must name a preset")
+        chain.append(({k: v for k, v in overlay.items() if k != EXTENDS}, path))
+        name, folder = parent or "", path.parent
+    return chain[::-1]
 
 
 def merge_overlay(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
@@ -82,9 +109,13 @@ def with_preset(raw: Any, preset: str | None, source: str,
     ``preset`` None, "" or ``NO_PRESET`` leaves the tree as it is."""
     if not preset or preset == NO_PRESET:
         return raw, [(source, raw)]
-    overlay, path = load_preset(preset, folder)
+    chain = preset_chain(preset, folder)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         return raw, [(source, raw)]  # settings_from_dict reports the malformed params tree
-    return merge_overlay(raw, overlay), [(source, raw), (f"preset {preset} ({path})", overlay)]
+    layers = [(source, raw)]
+    for i, (overlay, path) in enumerate(chain, start=1):
+        raw = merge_overlay(raw, overlay)
+        layers.append((f"preset {preset if i == len(chain) else path.stem} ({path})", overlay))
+    return raw, layers

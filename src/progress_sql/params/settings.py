@@ -527,6 +527,10 @@ class EvalSettings(_Section):
     multi_turn_env: str = "exec_feedback"  # the environment of that protocol; its feedback may not read the gold
     ts: bool = True  # test-suite accuracy where a database has neighbours
     out_dir: str = "reports/eval"
+    # The starting points the pipeline's closing table pairs RL against, evaluated once as their
+    # own stages (evaluate_zero_shot: model.base_dir, evaluate_sft: sft.out_dir)
+    zero_shot_out_dir: str = "reports/eval-zero-shot"
+    sft_out_dir: str = "reports/eval-sft"
     batch_size: int = Field(64, ge=1)  # examples per generation + execution round
     gate_metric: str = "dev/greedy/ex"  # flat metric key the model registry promotes on
     log_examples: int = Field(2, ge=0)  # best and worst greedy answers of each split logged as MLflow traces

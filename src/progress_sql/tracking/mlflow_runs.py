@@ -550,14 +550,18 @@ def ex_first(flat: Mapping[str, Any], splits: Sequence[str] | None = None) -> di
     return {key: flat[key] for key in sorted(flat, key=rank)}
 
 
-def log_eval(result: EvalResult, artifact_path: str = "eval") -> bool:
+def log_eval(result: EvalResult, artifact_path: str = "eval", *, parent_prefix: str = "") -> bool:
     """An evaluation's flat metrics (``dev/greedy/ex``, EX first: ``ex_first``) on the active run
-    and its pipeline run, and its files (metrics.json, report.md, plots) under ``artifact_path``;
-    False (and nothing logged) without an active run. The predictions files stay out: one line
-    per example, they are large, and DVC keeps them."""
+    and its pipeline run (there as ``<parent_prefix>/dev/greedy/ex`` when given: a starting
+    point's, beside the policy's own), and its files (metrics.json, report.md, plots) under
+    ``artifact_path``; False (and nothing logged) without an active run. The predictions files
+    stay out: one line per example, they are large, and DVC keeps them."""
     if mlflow.active_run() is None:
         return False
-    log_metrics(ex_first(result.flat))
+    metrics = ex_first(result.flat)
+    log_metrics(metrics, to_parent=not parent_prefix)
+    if parent_prefix:
+        log_pipeline_metrics({f"{parent_prefix}/{key}": value for key, value in metrics.items()})
     log_eval_files(result, artifact_path)
     return True
 
