@@ -35,7 +35,7 @@ TINY = {
     "sft": {"epochs": 0.5, "batch_size": 4, "max_examples": 8, "max_seq_len": 2048},
     "rl": {"env": "single_turn", "steps": 1, "group_size": 2, "questions_per_step": 1, "micro_batch_size": 2,
            "checkpoint_every": 1, "keep_checkpoints": 1},
-    "generation": {"max_new_tokens": 8, "batch_size": 4},
+    "generation": {"backend": "transformers", "max_new_tokens": 8, "batch_size": 4},  # no vLLM engine to start per stage
     "eval": {"splits": ["indomain", "dev"], "vote_k": 0, "pass_k": 0, "max_examples": 3, "batch_size": 4},
 }
 

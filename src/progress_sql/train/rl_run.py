@@ -20,7 +20,7 @@ import torch
 from progress_sql import envs, rewards
 from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.envs.db_details import SchemaTexts
-from progress_sql.inference.backends import GenerationBackend, make_backend, resolved_generation
+from progress_sql.inference.backends import GenerationBackend, backend_class, make_backend, resolved_generation
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.params import Settings
@@ -113,10 +113,10 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
             raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
                              "embedding: the rollout producer of rl.async loads the tied model and cannot take the "
                              "untied head; leave the head out of rl.lora.targets or set rl.async.enabled: false")
-        if gen.backend == "vllm" and adapts_tied_head(model, rl.lora):
+        if backend_class(gen.backend).own_weights and adapts_tied_head(model, rl.lora):
             raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
-                             "embedding: vLLM, loading that model, would drop the head's adapter; generate with the "
-                             "transformers backend or leave the head out of rl.lora.targets")
+                             f"embedding: the {gen.backend} backend, loading that model, would drop the head's adapter; "
+                             "generate with the transformers backend or leave the head out of rl.lora.targets")
         model = with_lora(model, rl.lora)
     elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
         reference = copy.deepcopy(model).eval().requires_grad_(False)

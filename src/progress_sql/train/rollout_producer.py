@@ -306,7 +306,7 @@ def _put(out: Any, item: Any, stop: Any) -> bool:
 def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack) -> tuple[torch.nn.Module, Any]:
     """(view, chat): a module over the trainer's shared weights (read in place, under the board's
     lock), and the producer's sampler, whose backend loads them on each ``sync_weights``."""
-    from progress_sql.inference.backends import make_backend  # noqa: PLC0415 - the producer's own imports
+    from progress_sql.inference.backends import backend_class, make_backend  # noqa: PLC0415 - the producer's own imports
     from progress_sql.inference.models import load_policy  # noqa: PLC0415
     from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
     from progress_sql.train.rl_run import disable_dropout  # noqa: PLC0415
@@ -323,8 +323,8 @@ def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack)
                            "embedding cannot be sent to the producer: leave lm_head out of rl.lora.targets)")
     for name, param in params.items():
         param.data = board.tensors[name]
-    model = view  # vLLM loads rl.init_from into its own engine; the module only gives the eos ids
-    if gen.backend != "vllm":  # the sampler: a copy of its own (the board changes under it)
+    model = view  # an engine-style backend loads rl.init_from itself; the module only gives the eos ids
+    if not backend_class(gen.backend).own_weights:  # the sampler: a copy of its own (the board changes under it)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, _ = load_policy(rl.init_from, dtype="float32", device=device)
         disable_dropout(model)

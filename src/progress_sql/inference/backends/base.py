@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -65,6 +65,12 @@ class GenerationBackend(Protocol):
     Everything a caller may use is here (no ``hasattr``); ``inference.settings.BACKENDS``
     registers an implementation under its name, and ``make_backend`` calls its ``create``.
     """
+
+    # True: the backend loads the model from its folder into an engine of its own, so new
+    # weights reach it only through ``sync_weights`` (a rollout producer needs no copy of the
+    # module) and what the folder cannot hold (an adapter on a head tied to the embedding) is
+    # lost; False: it samples with the module it is given, whose weights are its own.
+    own_weights: ClassVar[bool]
 
     @classmethod
     def create(cls, generation: GenerationSettings, model: Any, tokenizer: Any,

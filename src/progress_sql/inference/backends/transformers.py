@@ -18,7 +18,7 @@ import inspect
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, ClassVar, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -191,6 +191,8 @@ class TransformersBackend:
     copies the whole cache at every decoded position: only to measure what growing saves). The
     model is put in eval mode while generating and restored afterwards.
     """
+
+    own_weights: ClassVar[bool] = False  # the training module itself
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, *, prefix_cache: bool = True,
                  grow_cache: bool = True) -> None:

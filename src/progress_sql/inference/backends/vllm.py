@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 import torch
 
@@ -199,6 +199,8 @@ class VLLMBackend:
     prefix cache. Every call to the engine waits at most ``generation.vllm.timeout_s`` and fails
     with ``VLLMEngineDied`` as soon as an engine process has exited.
     """
+
+    own_weights: ClassVar[bool] = True  # the engine's copy, loaded from the model's folder
 
     @classmethod
     def unavailable(cls, generation: GenerationSettings, model: Any, model_path: str | os.PathLike | None
