@@ -1,6 +1,5 @@
 """The parameters of the pipeline: the typed settings of params.yaml and how they are loaded
-(named as the file, apart from ``configs/``, the presets, comparisons and DeepSpeed files it reads;
-``progress_sql.config``, its old name, re-exports it).
+(named as the file, apart from ``configs/``, the presets, comparisons and DeepSpeed files it reads).
 
 One module per concern; the names below are re-exported so that callers import them from
 ``progress_sql.params`` whatever module holds them:
