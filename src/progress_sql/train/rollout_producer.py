@@ -306,7 +306,11 @@ def _put(out: Any, item: Any, stop: Any) -> bool:
 def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack) -> tuple[torch.nn.Module, Any]:
     """(view, chat): a module over the trainer's shared weights (read in place, under the board's
     lock), and the producer's sampler, whose backend loads them on each ``sync_weights``."""
-    from progress_sql.inference.backends import backend_class, make_backend  # noqa: PLC0415 - the producer's own imports
+    from progress_sql.inference.backends import (  # noqa: PLC0415 - the producer's own imports
+        backend_class,
+        make_backend,
+        resolved_generation,
+    )
     from progress_sql.inference.models import load_policy  # noqa: PLC0415
     from progress_sql.inference.policy import ChatModel  # noqa: PLC0415
     from progress_sql.train.rl_run import disable_dropout  # noqa: PLC0415
@@ -323,6 +327,7 @@ def _sampler(settings: Any, board: WeightBoard, resources: contextlib.ExitStack)
                            "embedding cannot be sent to the producer: leave lm_head out of rl.lora.targets)")
     for name, param in params.items():
         param.data = board.tensors[name]
+    gen = resolved_generation(gen, view, rl.init_from)  # auto: as the trainer resolved it, for the same model
     model = view  # an engine-style backend loads rl.init_from itself; the module only gives the eos ids
     if not backend_class(gen.backend).own_weights:  # the sampler: a copy of its own (the board changes under it)
         device = "cuda" if torch.cuda.is_available() else "cpu"
