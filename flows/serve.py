@@ -11,7 +11,7 @@ By hand, against a Prefect server of your own (PREFECT_API_URL must name its API
     PREFECT_API_URL=http://127.0.0.1:4200/api python flows/serve.py    # terminal 2
 
 Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run. The form starts on the
-default run (``preset`` none: params.yaml, SmolLM2-135M-Instruct, about 45 minutes on 2 cores;
+default run (``preset`` none: params.yaml, SmolLM2-135M-Instruct, about 50 minutes on 2 cores;
 ``work_dir`` runs/default: nothing written into the repository's data/, outputs/ or reports/);
 pick ``cpu-demo`` for the tiny policy in about a minute. Runs execute in this process's
 machine, in the repository root, one at a time (``--limit``). ``compare-methods`` runs a
@@ -36,7 +36,7 @@ from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 from flows.pipeline import compare_methods, evaluate_model, promote_model, training_pipeline  # noqa: E402
 from progress_sql.servers import DEPLOYMENTS  # noqa: E402  (the names `progress-sql ui` waits for)
 
-# What the Custom run form starts with: the default run (params.yaml: SmolLM2, ~45 min on 2 cores)
+# What the Custom run form starts with: the default run (params.yaml: SmolLM2, ~50 min on 2 cores)
 # in its own folder; the comparison at the real model's scale, on the two arms the paper's
 # question needs (all five would take hours on a CPU).
 FORM_DEFAULTS = {"preset": "none", "work_dir": "runs/default"}

@@ -123,6 +123,12 @@ def test_an_empty_model_is_refused_as_empty(tmp_path):
     assert not (tmp_path / "eval").exists()
 
 
+def test_a_label_mlflow_cannot_name_a_metric_with_is_refused_before_anything_runs(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--model", "oracle", "--as", "zero shot:1", "--out", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "--as" in result.output and "zero-shot" in result.output, result.output
+    assert not (tmp_path / "e").exists()
+
+
 def test_the_summary_pairs_rl_against_sft_with_intervals(tmp_path):
     """`progress-sql summary`: the starting points' greedy EX beside RL's, each with its Wilson
     interval, and RL against SFT question by question (exact McNemar)."""

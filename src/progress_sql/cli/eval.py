@@ -5,6 +5,7 @@ flat metrics go to the stage run and its pipeline run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
@@ -42,6 +43,9 @@ def evaluate(
 ) -> None:
     """Evaluate a model: EX, TS, Vote@k, per-hardness tables and plots."""
     die_with_dvc()
+    if label and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label):  # before anything runs: an MLflow metric prefix
+        raise typer.BadParameter(f"{label!r}: letters, digits, '_', '.' and '-' only (e.g. zero-shot, sft)",
+                                 param_hint="--as")
     settings = load_or_exit(ctx, params, parse_overrides(overrides))
     model = model_or_exit(model)
     out_dir = Path(out or settings.eval.out_dir)

@@ -2,8 +2,9 @@
 prints after ``dvc repro``): EX per split and decoding mode from the evaluation's metrics.json,
 the greedy EX of the starting points (zero-shot, after SFT) beside RL's with intervals and RL's
 paired test against SFT, the RL curve from the run's metrics.jsonl (first and last steps and a
-sparkline), and where the artefacts and the MLflow run are. Pure formatting over the files the stages wrote: the caller
-(``stages.summary``) finds them and asks the tracking layer for the MLflow details.
+sparkline), and where the artefacts and the MLflow run are. Pure formatting over the files the
+stages wrote: the caller (``stages.summary``) finds them and asks the tracking layer for the
+MLflow details.
 """
 
 from __future__ import annotations
