@@ -406,3 +406,75 @@ def test_greedy_ex_counts_the_examples_a_memorised_model_gets_right(workdir, tmp
     assert greedy_ex(tmp_path / "memo", corpus, split="train", settings=settings) == 1.0
     assert greedy_ex(tmp_path / "memo", corpus, split="dev", settings=settings) == 0.5
     assert greedy_ex(tmp_path / "memo", corpus, split="dev", limit=1, settings=settings) == 1.0
+
+
+# ----------------------------------------------------------------------------- own mistakes
+def own_settings(workdir, tmp_path, **own):
+    settings = make_settings(workdir, max_examples=16, epochs=1.0, revision_share=0.0, out_dir=str(tmp_path / "own"),
+                             own_mistakes={"questions": 6, "samples": 2, **own})
+    return settings.model_copy(update={"generation": settings.generation.model_copy(
+        update={"backend": "transformers", "max_new_tokens": 48})})
+
+
+def test_own_revision_dialogues_put_the_policys_own_wrong_answer_before_the_feedback(workdir, layout):
+    """Each dialogue is the environment's prompt, one of the policy's own sampled answers (as an
+    RL episode's first turn samples it), the ODT feedback on it, and the gold as the target."""
+    from progress_sql.inference.policy import ChatModel
+    from progress_sql.train.question_scores import judged_answers
+    from progress_sql.train.sft import own_revision_dialogues
+
+    settings = own_settings(workdir, workdir, per_question=2)
+    examples = list(read_jsonl(layout.split("train")))[:6]
+    chat = ChatModel.load(workdir / "base", settings.generation, dtype="float32", seed=0)
+    try:
+        dialogues, counts = own_revision_dialogues(settings, chat, layout, examples)
+        answers = judged_answers(settings, chat, layout, examples, 2)  # the same seeded samples
+    finally:
+        chat.backend.close()
+    wrong = {(ex.id, text) for ex, row in zip(examples, answers) for text, right in row if not right}
+    assert counts["questions"] == 6 and counts["answers"] == 12 and counts["wrong"] == 12  # an untrained policy
+    assert counts["dialogues"] == len(dialogues) <= counts["kept"] <= 12 and dialogues
+    by_id = {ex.id: ex for ex in examples}
+    for conv in dialogues:
+        assert conv.kind == "own_revision" and conv.targets == (4,)
+        roles = [m["role"] for m in conv.messages]
+        assert roles[-3:] == ["assistant", "user", "assistant"]
+        assert (conv.example_id, conv.messages[2]["content"]) in wrong
+        assert conv.messages[4]["content"] == target_text(by_id[conv.example_id], "think_sql")
+        assert conv.messages[3]["content"] and conv.messages[3]["content"] != conv.messages[1]["content"]
+
+
+def test_own_mistakes_pass_trains_on_the_dialogues_and_replayed_examples(workdir, tmp_path):
+    settings = own_settings(workdir, tmp_path, replay=0.5, epochs=2.0)
+    result = run_sft(settings, workdir / "corpus", progress=False)
+    own = result.own_mistakes
+    assert own["questions"] == 6 and own["answers"] == 12 and own["dialogues"] > 0
+    assert own["replayed"] == round(0.5 * own["dialogues"])
+    trained = own["dialogues"] + own["replayed"] - own["dropped_too_long"]
+    assert own["steps"] == len(own["losses"]) == 2 * -(-trained // settings.sft.batch_size)
+    assert result.steps == 2 and len(result.losses) == 2  # the plain pass: 16 examples, batches of 8
+    assert json.loads((tmp_path / "own" / METRICS_FILE).read_text())["own_mistakes"]["steps"] == own["steps"]
+    load_policy(tmp_path / "own")
+
+
+def test_own_mistakes_with_lora_trains_fresh_adapters_on_the_merged_weights(workdir, tmp_path):
+    settings = own_settings(workdir, tmp_path)
+    settings = settings.model_copy(update={"sft": settings.sft.model_copy(update={"lora": settings.sft.lora.model_copy(
+        update={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})})})
+    result = run_sft(settings, workdir / "corpus", progress=False)
+    assert result.own_mistakes["steps"] > 0
+    assert (tmp_path / "own" / "adapter" / "adapter_config.json").is_file()
+    merged, _ = load_policy(tmp_path / "own")
+    assert not any("lora" in k for k in merged.state_dict())
+
+
+def test_own_mistakes_refuse_a_format_without_the_odt_dialogue_before_training(workdir, tmp_path):
+    settings = own_settings(workdir, tmp_path)
+    for update in ({"rl": settings.rl.model_copy(update={"recipe": "reasoning_sql"})},
+                   {"env": settings.env.model_copy(update={"max_turns": 1})}):
+        with pytest.raises(ValueError, match="sft.own_mistakes.questions"):
+            run_sft(settings.model_copy(update=update), workdir / "corpus", progress=False)
+    assert not (tmp_path / "own").exists()
+    for key, bad in (("samples", 0), ("questions", -1), ("replay", -0.5), ("lr_scale", 0.0)):
+        with pytest.raises(ValueError, match=f"sft.own_mistakes.{key}"):
+            settings_from_dict({"sft": {"own_mistakes": {key: bad}}})

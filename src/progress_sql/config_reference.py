@@ -80,7 +80,7 @@ def unlisted_parts(params_text: str) -> set[str]:
     return {part for part in part_settings() if not any(k == part or k.startswith(part + ".") for k in listed)}
 
 
-def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterator[tuple[str, str, str, str, Any]]:
     defaults = model()
     registered = registered_settings()
     for name, info in model.model_fields.items():
@@ -95,7 +95,7 @@ def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterat
             kind, shown = registered[key].what, registered[key].default or f"`{default!r}`"
         else:
             kind, shown = _type_name(info.annotation), f"`{default!r}`"
-        yield key, kind, shown, _constraints(info)
+        yield key, kind, shown, _constraints(info), default
 
 
 def _differs(value: Any, shown_default: str) -> bool:
@@ -125,13 +125,13 @@ def reference_markdown(params_text: str) -> str:
         "",
     ]
     section = None
-    for key, type_name, default, limits in _rows(Settings, unlisted_parts(params_text)):
+    for key, type_name, default, limits, value in _rows(Settings, unlisted_parts(params_text)):
         top = key.split(".")[0] if "." in key else "(top level)"
         if top != section:
             section = top
             lines += ["", f"## {section}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
         note = comments.get(key, "").replace("|", "\\|")
-        if key in listed and default.startswith("`") and _differs(listed[key], default.strip("`")):
+        if key in listed and _differs(listed[key], repr(value)):
             default = f"{default}, params.yaml `{listed[key]!r}`"
         lines.append(f"| `{key}` | {type_name} | {default} | {limits} | {note} |")
     return "\n".join(lines) + "\n"

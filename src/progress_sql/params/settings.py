@@ -15,7 +15,7 @@ from typing import Annotated, Callable, Literal
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from progress_sql import envs, rewards, sources
-from progress_sql.corpus.records import CORPUS_SPLITS
+from progress_sql.corpus.records import CORPUS_SPLITS, INDOMAIN
 from progress_sql.envs.settings import EnvSettings
 from progress_sql.inference.settings import AUTO, BACKENDS, GenerationSettings
 from progress_sql.odt.settings import ODTSettings
@@ -61,7 +61,7 @@ def registered_settings() -> dict[str, Registered]:
         "eval.multi_turn_env": Registered("an environment of the `envs` registry whose feedback does not read the gold",
                                           lambda: tuple(n for n in envs.names() if not envs.get(n).reads_gold)),
         "eval.splits": Registered("splits of `corpus.records.CORPUS_SPLITS` and variants of `sources.VARIANTS`",
-                                  lambda: EVAL_SPLITS),
+                                  lambda: EVAL_SPLITS, default="indomain, dev, test, then every variant"),
         "data.import_train": Registered("sources of `sources.SOURCES` that have a train set", lambda: _TRAIN_SOURCES,
                                         default="all of them"),
         "data.import_eval": Registered("sources of `sources.SOURCES` that have dev/test sets", lambda: _EVAL_SOURCES,
@@ -245,6 +245,24 @@ class RLLoRASettings(LoRASettings):
     dropout: float = Field(0.0, ge=0.0, le=0.0)
 
 
+class OwnMistakesSettings(_Section):
+    """``sft.own_mistakes``: a second SFT pass on revision dialogues built from the policy's OWN
+    wrong answers (RISE, SCoRe: a second turn learns to revise from the first turn's real
+    mistakes, not from corruptions it never makes). After the plain pass, the trained policy
+    answers ``questions`` train questions ``samples`` times each (``generation.*``, as an RL
+    episode's first turn); each wrong answer, the ODT feedback the environment gives it and
+    the gold make a dialogue whose final turn is the target (``train.sft``)."""
+
+    questions: int = Field(0, ge=0)  # train questions answered after the plain pass; 0: off
+    samples: int = Field(4, ge=1)  # answers each; wrong ones become dialogues
+    per_question: int = Field(1, ge=1)  # distinct wrong answers kept a question
+    epochs: float = Field(1.0, gt=0.0)  # passes over the second pass's conversations
+    lr_scale: float = Field(0.5, gt=0.0, le=10.0)  # its peak learning rate: this times sft.lr
+    # plain examples mixed in per dialogue, so the first turn keeps being trained (SCoRe: a second
+    # turn trained alone drags the first away from the SFT policy)
+    replay: float = Field(1.0, ge=0.0, le=10.0)
+
+
 class SFTSettings(_Section):
     init_from: str = "outputs/tiny-base"  # model to fine-tune (path or hub id)
     out_dir: str = "outputs/sft"
@@ -269,6 +287,7 @@ class SFTSettings(_Section):
     # activations ~13x smaller (SmolLM2: 1.3 MB a token → 0.1), for ~one more forward pass a step
     gradient_checkpointing: bool = False
     lora: LoRASettings = LoRASettings()
+    own_mistakes: OwnMistakesSettings = OwnMistakesSettings()
 
 
 @dataclass(frozen=True)
@@ -507,6 +526,9 @@ class RLSettings(_Section):
 
 # ----------------------------------------------------------------------------- evaluation
 EVAL_SPLITS = (*CORPUS_SPLITS, *sources.VARIANTS)  # what `eval --split` and eval.splits take
+# eval.splits' default, from the registries: in-domain, then every split but train, then every
+# variant a source registers (a new one is evaluated without a line here)
+DEFAULT_EVAL_SPLITS = (INDOMAIN, *(s for s in CORPUS_SPLITS if s not in ("train", INDOMAIN)), *sources.VARIANTS)
 EvalSplit = Literal[EVAL_SPLITS]  # type: ignore[valid-type]
 
 
@@ -514,7 +536,7 @@ class EvalSettings(_Section):
     """`progress-sql eval` (progress-sql.md §5.1, Appendix E.5): single-turn greedy and Vote@k
     on the corpus splits and robustness variants, optionally the multi-turn tool protocol."""
 
-    splits: list[EvalSplit] = ["indomain", "dev", "test", "syn", "realistic", "dk"]
+    splits: list[EvalSplit] = list(DEFAULT_EVAL_SPLITS)
     greedy: bool = True
     vote_k: int = Field(0, ge=0, le=256)  # Vote@k over sampled outputs (paper: 8; cpu-long: 4); 0 = off
     pass_k: int = Field(0, ge=0, le=256)  # pass@k from the same samples; 0 = off

@@ -46,6 +46,9 @@ def sft_reports(result: Any, report_dir: Path) -> dict[str, float]:
     }
     if result.copy_losses:
         summary["sft/final_copy_loss"] = result.final_copy_loss
+    for key in ("questions", "wrong", "dialogues", "replayed", "steps", "seconds"):  # sft.own_mistakes' pass
+        if key in result.own_mistakes:
+            summary[f"sft/own_mistakes/{key}"] = float(result.own_mistakes[key])
     write_json(report_dir / "sft.json", _finite(summary))
     write_csv(report_dir / "sft_loss.csv", ({"step": i, "loss": round(v, 6)} for i, v in enumerate(result.losses, 1)),
               ("step", "loss"))

@@ -87,11 +87,20 @@ def judged_samples(settings: Settings, chat: Any, layout: CorpusLayout, question
                    *, progress: bool = False) -> list[int]:
     """How many of ``k`` single-turn samples of each question ``chat`` answers right (EX, the
     evaluation's judge), ``eval.batch_size`` questions a generation round."""
+    return [sum(correct for _, correct in row)
+            for row in judged_answers(settings, chat, layout, questions, k, progress=progress)]
+
+
+def judged_answers(settings: Settings, chat: Any, layout: CorpusLayout, questions: Sequence[Example], k: int,
+                   *, progress: bool = False, desc: str = "score") -> list[list[tuple[str, bool]]]:
+    """``k`` single-turn samples of each question from ``chat`` (``generation.temperature`` and
+    ``top_p``: an RL episode's first turn, seeded by ``rl.seed``), each as (its text, right by
+    EX as the evaluation judges), ``eval.batch_size`` questions a generation round."""
     gen, fmt = settings.generation, get_recipe(settings.rl.recipe).fmt
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
-    correct: list[int] = []
+    answers: list[list[tuple[str, bool]]] = []
     with SQLPool(settings=settings.sandbox) as pool, \
-            tqdm(total=len(questions), desc="score", unit="q", disable=not progress) as bar:
+            tqdm(total=len(questions), desc=desc, unit="q", disable=not progress) as bar:
         judge = BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox))
         for start in range(0, len(questions), settings.eval.batch_size):
             chunk = questions[start:start + settings.eval.batch_size]
@@ -102,9 +111,9 @@ def judged_samples(settings: Settings, chat: Any, layout: CorpusLayout, question
             verdicts = iter(judge.judge([Candidate(str(layout.database(ex.db_id)), parse_output(o.text, fmt).sql,
                                                    ex.gold_sql, ex.semantics)
                                          for ex, row in zip(chunk, outputs) for o in row]))
-            correct += [sum(next(verdicts).correct for _ in row) for row in outputs]
+            answers += [[(o.text, next(verdicts).correct) for o in row] for row in outputs]
             bar.update(len(chunk))
-    return correct
+    return answers
 
 
 def summary_of(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:

@@ -11,6 +11,10 @@ Examples (``build_sft_examples``), from the corpus' train split:
   environment's ODT feedback (VALUE_MISMATCH when the structure matches) → the gold. A
   corruption whose execution matches the gold is skipped (the next one is tried).
 
+- own revisions (``sft.own_mistakes``, a second pass): the same dialogues with the trained
+  policy's OWN wrong answers as the first turn (``revise_on_own_mistakes``), sampled after the
+  plain pass as an RL episode's first turn, plus plain examples replayed.
+
 Only the final assistant turn is a target: the corrupted turn carries no loss, since training
 on it would teach wrong SQL. Tokens are the chat template's, built segment by segment (each
 message's text is the difference of two prefix renderings) so the assistant tokens are known
@@ -45,6 +49,7 @@ from progress_sql.envs import (
 )
 from progress_sql.formats import FORMATS, FormatName, answer_text
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
+from progress_sql.train.question_scores import judged_answers, question_pool
 from progress_sql.eval.runner import greedy_answers
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
@@ -52,7 +57,7 @@ from progress_sql.inference import attention
 from progress_sql.train.logprobs import token_logprobs
 from progress_sql.train.packing import token_batch
 from progress_sql.train.precision import training_autocast
-from progress_sql.train.lora import save_policy, with_lora
+from progress_sql.train.lora import is_lora, save_policy, with_lora
 from progress_sql.train.memory import map_large_blocks
 from progress_sql.train.tiny import copy_loss, ordinary_ids
 from progress_sql.train.trajectories import TokenizedTrajectory
@@ -63,7 +68,7 @@ METRICS_FILE = "sft_metrics.json"
 @dataclass(frozen=True)
 class SFTExample:
     """One training conversation. ``targets``: indices of the messages that carry loss (the
-    final assistant message); ``kind``: plain | revision; ``db_id``: its database (batches are
+    final assistant message); ``kind``: plain | revision | own_revision; ``db_id``: its database (batches are
     drawn per database, see ``token_loss``); ``corruption``: the corruption of a revision
     dialogue's wrong turn."""
 
@@ -150,6 +155,71 @@ def _revision_dialogues(
     return [done[ex.id] for ex in examples if ex.id in done]
 
 
+def own_revision_dialogues(settings: Settings, chat: Any, layout: CorpusLayout, examples: Sequence[Example],
+                           progress: bool = False) -> tuple[list[SFTExample], dict[str, int]]:
+    """Revision dialogues from ``chat``'s own wrong answers: ``sft.own_mistakes.samples`` answers
+    of each example (an RL episode's first turn: ``question_scores.judged_answers``), up to
+    ``per_question`` distinct wrong ones kept, each run through the ODT environment with the gold
+    as the next turn; a dialogue is kept when the gold is right there (turn 1 wrong, turn 2
+    right: ``k_star`` 2). With counts of the answers, the wrong ones and the dialogues."""
+    own = settings.sft.own_mistakes
+    answers = judged_answers(settings, chat, layout, examples, own.samples, progress=progress, desc="own mistakes")
+    firsts = [(ex, text) for ex, row in zip(examples, answers)
+              for text in list(dict.fromkeys(t for t, right in row if not right))[:own.per_question]]
+    schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
+    scripts = [[text] + [target_text(ex, "think_sql")] * (settings.env.max_turns - 1) for ex, text in firsts]
+    episodes = rollout(lambda: ODTFeedbackEnv(settings, schema_texts=schema_texts), ScriptedPolicy(scripts),
+                       [ex for ex, _ in firsts], layout.database) if firsts else []
+    dialogues = [SFTExample(ep.messages[:5], (4,), "own_revision", ex.id, ex.db_id)
+                 for (ex, _), ep in zip(firsts, episodes) if ep.k_star == 2]
+    counts = {"questions": len(examples), "answers": sum(map(len, answers)),
+              "wrong": sum(not right for row in answers for _, right in row), "kept": len(firsts),
+              "dialogues": len(dialogues)}
+    return dialogues, counts
+
+
+def _check_own_mistakes(settings: Settings) -> None:
+    """``sft.own_mistakes`` needs the ODT dialogue: a clear error before anything trains."""
+    if settings.sft.own_mistakes.questions and (rewards.get(settings.rl.recipe).fmt != "think_sql"
+                                                or settings.env.max_turns < 2):
+        raise ValueError("sft.own_mistakes.questions > 0 needs the ODT feedback dialogue: the think_sql output "
+                         f"format (rl.recipe {settings.rl.recipe!r} writes "
+                         f"{rewards.get(settings.rl.recipe).fmt}) and env.max_turns >= 2 (it is {settings.env.max_turns})")
+
+
+def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layout: CorpusLayout, out: Path,
+                           plain: Sequence[SFTExample], progress: bool = True) -> tuple[Any, dict[str, Any]]:
+    """``sft.own_mistakes``: the second pass. The policy as the plain pass left it is saved to
+    ``out`` and loaded by the rollout sampler (``generation.backend``), answers a seeded pool of
+    train questions (``own_revision_dialogues``), and the model trains on those dialogues with
+    ``replay`` plain examples each. The model trained (a LoRA model: fresh adapters on the plain
+    pass's merged weights) and what the pass did (counts, steps, losses, seconds)."""
+    own, started = settings.sft.own_mistakes, time.perf_counter()
+    _check_own_mistakes(settings)
+    model.eval()
+    lora = is_lora(model)
+    save_policy(model, tokenizer, out)
+    if lora:  # save_policy merged the adapters into the weights in place
+        model = with_lora(model.get_base_model(), settings.sft.lora)
+    train = list(read_jsonl(layout.split("train")))
+    # fp32 weights, as an RL run loads them for its sampler (vLLM takes generation.vllm.dtype)
+    chat = ChatModel.load(out, settings.generation, dtype="float32", seed=settings.seed)
+    try:
+        dialogues, counts = own_revision_dialogues(settings, chat, layout,
+                                                   question_pool(train, own.questions, settings.seed), progress)
+    finally:
+        chat.backend.close()
+    rng = random.Random(f"{settings.seed}:sft-own-replay")
+    replayed = rng.sample(list(plain), min(len(plain), round(own.replay * len(dialogues))))
+    result: dict[str, Any] = {**counts, "replayed": len(replayed), "steps": 0}
+    if dialogues:
+        encoded, groups, dropped = _encode(dialogues + replayed, tokenizer, settings.sft.max_seq_len)
+        trained = _train(model, tokenizer, encoded, groups, settings, progress, second_pass=True)
+        result.update(steps=trained.steps, losses=trained.losses, tokens=trained.tokens, dropped_too_long=dropped)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return model, result
+
+
 # ----------------------------------------------------------------------------- tokenisation
 def _render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
     if not messages:
@@ -214,6 +284,7 @@ class SFTResult:
     stopped_early: bool
     lora: bool
     copy_losses: list[float] = field(default_factory=list)  # the sft.copy_rows term, per step (empty: off)
+    own_mistakes: dict[str, Any] = field(default_factory=dict)  # the second pass (sft.own_mistakes); empty: off
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -302,8 +373,11 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     random strings (``tiny.copy_loss``); ``losses`` keep the SFT term alone, ``copy_losses`` the other.
     With ``sft.lora.enabled`` a LoRA adapter is trained: it is saved in ``out_dir/adapter`` and
     merged into the full model saved in ``out_dir``, so later stages load it like any other.
+    With ``sft.own_mistakes.questions`` > 0 a second pass trains on revisions of the policy's own
+    wrong answers (``revise_on_own_mistakes``; ``own_mistakes`` in the result and metrics).
     """
     sft = settings.sft
+    _check_own_mistakes(settings)
     out = Path(out_dir if out_dir is not None else sft.out_dir)
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -321,9 +395,13 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     if sft.lora.enabled:
         model = with_lora(model, sft.lora)
     trained = _train(model, tokenizer, encoded, groups, settings, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    own: dict[str, Any] = {}
+    if sft.own_mistakes.questions:
+        model, own = revise_on_own_mistakes(model, tokenizer, settings, layout, out,
+                                            [c for c in conversations if c.kind == "plain"], progress)
 
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
     save_policy(model, tokenizer, out)
     counts = {"plain": sum(c.kind == "plain" for c in conversations),
               "revision": sum(c.kind == "revision" for c in conversations), "trained": len(encoded)}
@@ -333,7 +411,7 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     result = SFTResult(
         out_dir=str(out), losses=losses, final_loss=sum(tail) / len(tail), steps=trained.steps, examples=counts,
         dropped_too_long=dropped, tokens=trained.tokens, seconds=round(seconds, 2), stopped_early=trained.stopped,
-        lora=sft.lora.enabled, copy_losses=trained.copy_losses,
+        lora=sft.lora.enabled, copy_losses=trained.copy_losses, own_mistakes=own,
     )
     result.metrics = {"sft": sft.model_dump(), "init_from": sft.init_from, "sequence_tokens": trained.sequence_tokens,
                       "sequence_tokens_per_s": round(trained.sequence_tokens / seconds, 1),
@@ -374,26 +452,29 @@ class _Trained:
 
 
 def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]], groups: list[str],
-           settings: Settings, progress: bool) -> _Trained:
+           settings: Settings, progress: bool, *, second_pass: bool = False) -> _Trained:
     """``run_sft``'s loop: batches by length within a database, the learning rate on its
-    schedule, an AdamW step each, until the epochs or the time budget are spent."""
-    sft = settings.sft
+    schedule, an AdamW step each, until the epochs or the time budget are spent. The
+    ``second_pass`` (``sft.own_mistakes``) has its own epochs, peak learning rate, fresh
+    optimizer and schedule, and no time budget."""
+    sft, own = settings.sft, settings.sft.own_mistakes
     model.train()
-    rng = random.Random(f"{settings.seed}:sft-batches")
-    total = max(1, math.ceil(sft.epochs * math.ceil(len(encoded) / sft.batch_size)))
+    rng = random.Random(f"{settings.seed}:sft-batches" + (":own" if second_pass else ""))
+    epochs, lr = (own.epochs, sft.lr * own.lr_scale) if second_pass else (sft.epochs, sft.lr)
+    total = max(1, math.ceil(epochs * math.ceil(len(encoded) / sft.batch_size)))
     params = [p for p in model.parameters() if p.requires_grad]
     loss_of = _StepLoss(model, tokenizer, settings, params[0].dtype)
-    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=sft.weight_decay)
     lengths = [len(ids) for ids, _ in encoded]
-    done, budget_s, started = _Trained(), sft.max_minutes * 60, time.perf_counter()
-    bar = tqdm(total=total, desc="sft", disable=not progress)
+    done, budget_s, started = _Trained(), 0.0 if second_pass else sft.max_minutes * 60, time.perf_counter()
+    bar = tqdm(total=total, desc="sft own revisions" if second_pass else "sft", disable=not progress)
     with _layers_checkpointed(model, sft.gradient_checkpointing):
         while done.steps < total and not done.stopped:
             for batch in _batches(lengths, groups, sft.batch_size, rng):
                 spent = (time.perf_counter() - started) / budget_s if budget_s > 0 else 0.0
                 at = max((done.steps + 0.5) / total, min(spent, 1.0))  # the middle of this step
                 for group in optimizer.param_groups:
-                    group["lr"] = sft.lr * schedule_factor(at, sft.warmup_ratio)
+                    group["lr"] = lr * schedule_factor(at, sft.warmup_ratio)
                 optimizer.zero_grad(set_to_none=True)  # no gradients held through the forward pass
                 loss, total_loss, processed = loss_of([encoded[i] for i in batch], done)
                 total_loss.backward()
