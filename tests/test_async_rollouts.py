@@ -133,7 +133,8 @@ def _producer(corpus, policy, *, first_step=1, position=0, version=0, sample_fro
 
     from progress_sql.corpus.records import CorpusLayout, read_jsonl
     from progress_sql.inference.models import load_policy
-    from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer, policy_weights
+    from progress_sql.inference.lora import merged_weights
+    from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer
 
     s = school_settings(policy)
     s.rl.steps = 4
@@ -141,7 +142,7 @@ def _producer(corpus, policy, *, first_step=1, position=0, version=0, sample_fro
     train = list(read_jsonl(CorpusLayout(corpus).split("train")))
     model, _ = load_policy(policy, dtype="float32", device="cpu")
     spec = ProducerSpec(s, str(sample_from or corpus), train, first_step, position)
-    return s, model, RolloutProducer(spec, policy_weights(model), version)
+    return s, model, RolloutProducer(spec, merged_weights(model), version)
 
 
 def test_the_producer_sends_whole_groups_step_by_step_within_the_staleness_bound(tiny):

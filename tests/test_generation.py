@@ -442,22 +442,22 @@ def test_vllm_backend_without_vllm_names_the_extra(model, tokenizer, tmp_path):
         make_backend(settings, model, tokenizer, tmp_path)
 
 
-def test_vllm_weights_need_the_full_parameters(model):
+def test_merged_weights_need_the_full_parameters(model):
     """The one ZeRO-3 gather is the trainer's (``engine.gathered()``): weights sent to vLLM from
     a partitioned parameter (ZeRO-3 leaves an empty tensor and its full size in ``ds_numel``)
     are refused, not sent empty."""
-    from progress_sql.inference.backends.vllm import vllm_weights
+    from progress_sql.inference.lora import merged_weights
 
-    weights = vllm_weights(model)
+    weights = merged_weights(model)
     assert weights.keys() == dict(model.named_parameters()).keys()
     param = next(model.parameters())
     full = param.data
     param.ds_id, param.ds_numel, param.data = 0, full.numel(), full.new_empty(0)
     try:
         with pytest.raises(RuntimeError, match="engine.gathered"):
-            vllm_weights(model)
+            merged_weights(model)
         param.data = full  # gathered: the full tensor is back
-        assert torch.equal(vllm_weights(model)[next(iter(weights))], full.cpu())
+        assert torch.equal(merged_weights(model)[next(iter(weights))], full.cpu())
     finally:
         param.data = full
         del param.ds_id, param.ds_numel

@@ -224,7 +224,7 @@ def test_lora_weights_reach_vllm_merged_under_the_base_names(warm):
     """What a LoRA policy sends vLLM after an update: every base parameter under its own name,
     the adapters merged in (the function the trainer's policy computes), nothing of the adapters;
     the policy itself is left unmerged."""
-    from progress_sql.inference.backends.vllm import vllm_weights
+    from progress_sql.inference.lora import merged_weights
     from progress_sql.train.lora import with_lora
 
     _, policy = warm
@@ -237,7 +237,7 @@ def test_lora_weights_reach_vllm_merged_under_the_base_names(warm):
     ids = torch.tensor([[3, 5, 7, 11, 13]])
     with torch.no_grad():
         expected = lora(input_ids=ids).logits
-    weights = vllm_weights(lora)
+    weights = merged_weights(lora)
     assert set(weights) == set(names) - {"lm_head.weight"} or set(weights) == set(names)
     assert not any("lora" in k for k in weights)
     assert any(not torch.equal(weights[k], names[k]) for k in weights if k.endswith("proj.weight"))

@@ -16,14 +16,10 @@ from typing import Any, Iterator
 
 import torch
 
+from progress_sql.inference.lora import is_lora
 from progress_sql.params import LoRASettings
 
 ADAPTER_DIR = "adapter"
-
-
-def is_lora(model: Any) -> bool:
-    """Whether ``model`` is a peft model holding adapters."""
-    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
 def adapts_tied_head(model: Any, lora: LoRASettings) -> bool:

@@ -16,7 +16,7 @@ Weights travel through shared memory (``WeightBoard``): the trainer copies its n
 there after each update, under a lock, and raises the version; before each batch the producer
 loads the newest version into its sampler through the backend's own ``sync_weights`` (from a
 module whose parameters are the shared tensors), under the same lock. A LoRA policy's adapters
-are merged into the shared weights (``inference.backends.vllm.vllm_weights``).
+are merged into the shared weights (``inference.lora.merged_weights``).
 
 Staleness: the batch of step s is trained by weights of version s − 1, so its staleness is
 s − 1 − v. The producer does not start step s before version s − 1 − ``max_staleness`` is on
@@ -54,6 +54,7 @@ import torch
 import torch.multiprocessing as mp
 
 from progress_sql.corpus.records import Example
+from progress_sql.inference.lora import merged_weights
 from progress_sql.params import Settings
 from progress_sql.train.rollouts import StepBatch
 
@@ -137,14 +138,6 @@ class WeightBoard:
             self.lock.release()
 
 
-def policy_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``module``'s parameters under the plain model's names, a LoRA policy's adapters merged (the
-    function it computes); under ZeRO-3 call it inside ``engine.gathered()``."""
-    from progress_sql.inference.backends.vllm import vllm_weights  # noqa: PLC0415 - no vllm import
-
-    return vllm_weights(module)
-
-
 class RolloutProducer:
     """The trainer's side: starts the producer process, publishes weights, takes batches."""
 
@@ -179,7 +172,7 @@ class RolloutProducer:
         """Put ``module``'s weights on the board as ``version``; the seconds it took (waiting for
         a producer that is loading the previous ones included)."""
         started = time.monotonic()
-        self.board.publish(policy_weights(module), version, alive=lambda deadline: self._check(deadline, "weights"),
+        self.board.publish(merged_weights(module), version, alive=lambda deadline: self._check(deadline, "weights"),
                            timeout_s=self.timeout_s)
         return time.monotonic() - started
 

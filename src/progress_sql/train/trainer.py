@@ -71,6 +71,7 @@ from progress_sql import envs, rewards
 from progress_sql.corpus.records import CorpusLayout, Example
 from progress_sql.eval.metrics import second_turn_counts
 from progress_sql.files import write_json_lines
+from progress_sql.inference.lora import merged_weights
 from progress_sql.params import RLSettings, Settings
 from progress_sql.train.check import BEST_DIR, check_questions, check_step, due, final_origin, keep_only_best
 from progress_sql.train.checkpoint import save_checkpoint
@@ -83,7 +84,7 @@ from progress_sql.train.packing import TokenBatch, micro_batches, token_batch
 from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, rl_questions, step_stride
 from progress_sql.train.resume import RLState, resumed_state
 from progress_sql.train.rl_run import RLRun, open_run
-from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer, policy_weights
+from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer
 from progress_sql.train.rollouts import StepBatch, sample_step, step_seed
 from progress_sql.train.samples import episode_view, spread
 from progress_sql.train.trajectories import TokenizedTrajectory
@@ -393,7 +394,7 @@ def start_producer(run: RLRun, state: RLState, train: list[Example], resources: 
     starts it at the checkpoint's: what an earlier producer had sampled beyond it is gone);
     closed however the run ends."""
     with run.engine.gathered():
-        weights = policy_weights(run.engine.module)
+        weights = merged_weights(run.engine.module)
     spec = ProducerSpec(run.settings, str(run.layout.root), train, state.step + 1, state.data_position, rank(),
                         world_size())
     producer = RolloutProducer(spec, weights, version=state.step, trainer_device=run.engine.device)

@@ -37,40 +37,13 @@ from progress_sql.inference.backends.base import (
     sample_seeds,
     sample_text,
 )
+from progress_sql.inference.lora import merged_weights
 from progress_sql.inference.models import save_model_dir
 from progress_sql.inference.settings import GenerationSettings
 
 
 class VLLMEngineDied(RuntimeError):
     """The vLLM engine's process exited (killed, out of memory) or stopped answering."""
-
-
-def vllm_weights(model: Any) -> dict[str, torch.Tensor]:
-    """``model``'s parameters under the names vLLM's ``load_weights`` takes; a PEFT model's
-    adapters merged into copies of the weights they adapt (base + scale·B·A, computed aside: the
-    policy itself is never merged and unmerged, which would move its frozen weights by rounding
-    at every sync). Under ZeRO-3 call it with the full parameters in place (``engine.gathered()``):
-    a partitioned parameter holds only this rank's share."""
-    if any(hasattr(p, "ds_id") and p.numel() != p.ds_numel for p in model.parameters()):
-        raise RuntimeError("ZeRO-3 parameters are partitioned: sync the weights inside engine.gathered()")
-    peft = hasattr(model, "peft_config") and hasattr(model, "prefix")
-
-    def plain(name: str) -> str:
-        return name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
-
-    out: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if peft and (model.prefix in name or "original_module" in name):
-            continue  # the adapters themselves: vLLM has no such parameters
-        out[plain(name)] = param.detach().to("cpu").contiguous().clone()
-    if peft:
-        with torch.no_grad():
-            for name, module in model.named_modules():
-                if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-                    key = plain(name) + ".weight"
-                    delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-                    out[key] = (out[key] + delta.to("cpu", out[key].dtype)).contiguous()
-    return out
 
 
 def _import_vllm() -> Any:
@@ -404,7 +377,7 @@ class VLLMBackend:
         which holds keys computed with the old weights."""
         from safetensors.torch import save_file  # noqa: PLC0415
 
-        weights = vllm_weights(model)
+        weights = merged_weights(model)
         path = self._weights_dir / "weights.safetensors"
         save_file(weights, str(path))
         try:
