@@ -28,7 +28,9 @@ from progress_sql.params import RLSettings
 from progress_sql.train.trajectories import TokenizedTrajectory
 
 Segment = tuple[int, int, int, int]  # (start, end) in the row, and its shared prefix's (start, end) or (0, 0)
-_DEFAULTS = RLSettings()  # rl.shared_prefix_min_tokens, rl.attention_query_block where a caller gives none
+# the defaults of rl.shared_prefix_min_tokens and rl.attention_query_block, where a caller gives none
+MIN_SHARED = RLSettings.model_fields["shared_prefix_min_tokens"].default
+QUERY_BLOCK = RLSettings.model_fields["attention_query_block"].default
 
 
 @dataclass
@@ -129,8 +131,7 @@ def _packed_layout(trajs: Sequence[TokenizedTrajectory], share_prefix: bool, min
 
 def token_batch(trajs: Sequence[TokenizedTrajectory], *, packed: bool, pad_id: int,
                 device: torch.device | str, share_prefix: bool = False,
-                min_shared: int = _DEFAULTS.shared_prefix_min_tokens,
-                query_block: int = _DEFAULTS.attention_query_block) -> TokenBatch:
+                min_shared: int = MIN_SHARED, query_block: int = QUERY_BLOCK) -> TokenBatch:
     """The micro-batch of ``trajs``, packed into one row or right-padded (see the module). With
     ``share_prefix`` (packed only) the trajectories of one group (``group_id``) run their common
     prefix, the question's prompt, once when it has ``min_shared`` tokens or more: each

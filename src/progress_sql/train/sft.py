@@ -55,7 +55,7 @@ from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.inference import attention
 from progress_sql.train.logprobs import token_logprobs
-from progress_sql.train.packing import token_batch
+from progress_sql.train.packing import MIN_SHARED, QUERY_BLOCK, token_batch
 from progress_sql.train.precision import training_autocast
 from progress_sql.train.lora import is_lora, save_policy, with_lora
 from progress_sql.train.memory import map_large_blocks
@@ -314,7 +314,7 @@ def _batches(lengths: list[int], groups: list[str], batch_size: int, rng: random
 
 
 def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, *, share_prefix: bool = True,
-               chunk_mb: float = 0.0, min_shared: int = 16, query_block: int = 192) -> tuple[torch.Tensor, int]:
+               chunk_mb: float = 0.0, min_shared: int = MIN_SHARED, query_block: int = QUERY_BLOCK) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of a batch of ``(ids, mask)`` rows, and the
     number of positions the model ran over.
 
