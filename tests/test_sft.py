@@ -468,13 +468,15 @@ def test_own_mistakes_with_lora_trains_fresh_adapters_on_the_merged_weights(work
     assert not any("lora" in k for k in merged.state_dict())
 
 
-def test_own_mistakes_refuse_a_format_without_the_odt_dialogue_before_training(workdir, tmp_path):
+def test_own_mistakes_are_skipped_where_the_recipe_has_no_odt_dialogue(workdir, tmp_path, capsys):
+    """As the corruptions' dialogues: a recipe in other tags, or one turn, trains plain SFT and
+    says why (the default run's pass must not break the other methods' presets)."""
     settings = own_settings(workdir, tmp_path)
-    for update in ({"rl": settings.rl.model_copy(update={"recipe": "reasoning_sql"})},
-                   {"env": settings.env.model_copy(update={"max_turns": 1})}):
-        with pytest.raises(ValueError, match="sft.own_mistakes.questions"):
-            run_sft(settings.model_copy(update=update), workdir / "corpus", progress=False)
-    assert not (tmp_path / "own").exists()
+    for update, why in (({"rl": settings.rl.model_copy(update={"recipe": "reasoning_sql"})}, "reasoning_answer"),
+                        ({"env": settings.env.model_copy(update={"max_turns": 1})}, "env.max_turns is 1")):
+        result = run_sft(settings.model_copy(update=update), workdir / "corpus", progress=False)
+        assert why in result.own_mistakes["skipped"] and why in capsys.readouterr().err
+        assert result.steps == 2 and "steps" not in result.own_mistakes
     for key, bad in (("samples", 0), ("questions", -1), ("replay", -0.5), ("lr_scale", 0.0)):
         with pytest.raises(ValueError, match=f"sft.own_mistakes.{key}"):
             settings_from_dict({"sft": {"own_mistakes": {key: bad}}})

@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -178,13 +179,16 @@ def own_revision_dialogues(settings: Settings, chat: Any, layout: CorpusLayout, 
     return dialogues, counts
 
 
-def _check_own_mistakes(settings: Settings) -> None:
-    """``sft.own_mistakes`` needs the ODT dialogue: a clear error before anything trains."""
-    if settings.sft.own_mistakes.questions and (rewards.get(settings.rl.recipe).fmt != "think_sql"
-                                                or settings.env.max_turns < 2):
-        raise ValueError("sft.own_mistakes.questions > 0 needs the ODT feedback dialogue: the think_sql output "
-                         f"format (rl.recipe {settings.rl.recipe!r} writes "
-                         f"{rewards.get(settings.rl.recipe).fmt}) and env.max_turns >= 2 (it is {settings.env.max_turns})")
+def own_mistakes_skipped(settings: Settings) -> str | None:
+    """Why ``sft.own_mistakes`` does not apply to this recipe (None: it does). Its dialogue is the
+    ODT one, as the corruptions' (``sft.revision_share``): the think_sql format and two turns; a
+    recipe without them (Reasoning-SQL, SQL-Trail, a single-turn ablation) trains plain SFT."""
+    fmt = rewards.get(settings.rl.recipe).fmt
+    if fmt != "think_sql":
+        return f"rl.recipe {settings.rl.recipe!r} writes {fmt}, not the ODT dialogue's think_sql"
+    if settings.env.max_turns < 2:
+        return f"env.max_turns is {settings.env.max_turns}: no second turn to revise in"
+    return None
 
 
 def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layout: CorpusLayout, out: Path,
@@ -195,7 +199,8 @@ def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layou
     ``replay`` plain examples each. The model trained (a LoRA model: fresh adapters on the plain
     pass's merged weights) and what the pass did (counts, steps, losses, seconds)."""
     own, started = settings.sft.own_mistakes, time.perf_counter()
-    _check_own_mistakes(settings)
+    if (reason := own_mistakes_skipped(settings)) is not None:
+        raise ValueError(f"sft.own_mistakes does not apply: {reason}")
     model.eval()
     lora = is_lora(model)
     save_policy(model, tokenizer, out)
@@ -377,7 +382,6 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     wrong answers (``revise_on_own_mistakes``; ``own_mistakes`` in the result and metrics).
     """
     sft = settings.sft
-    _check_own_mistakes(settings)
     out = Path(out_dir if out_dir is not None else sft.out_dir)
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -397,7 +401,10 @@ def run_sft(settings: Settings, corpus_dir: str | Path, *, out_dir: str | Path |
     trained = _train(model, tokenizer, encoded, groups, settings, progress)
     out.mkdir(parents=True, exist_ok=True)
     own: dict[str, Any] = {}
-    if sft.own_mistakes.questions:
+    if sft.own_mistakes.questions and (skipped := own_mistakes_skipped(settings)) is not None:
+        own = {"skipped": skipped}
+        print(f"sft: no own-mistakes pass (sft.own_mistakes): {skipped}", file=sys.stderr)
+    elif sft.own_mistakes.questions:
         model, own = revise_on_own_mistakes(model, tokenizer, settings, layout, out,
                                             [c for c in conversations if c.kind == "plain"], progress)
 
