@@ -235,3 +235,41 @@ def test_rl_with_vllm_rollouts_trains_syncs_each_step_and_a_killed_engine_fails_
     assert not [t.name for t in threading.enumerate() if t.name.startswith("vllm-") and t.is_alive()]
     assert not [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
     assert backend.llm is None  # closed
+
+
+def test_a_terminated_command_shuts_its_engine_down(tiny, tmp_path):
+    """SIGTERM to `progress-sql eval` (a `kill`, a cancelled run, DVC dying) ends it as an
+    exception would: its vLLM engine's processes go with it, instead of living on as orphans that
+    hold the cores and GiBs of memory (Python's default exit skipped the backend's close)."""
+    import signal
+    import subprocess
+    import sys
+
+    psutil = pytest.importorskip("psutil")
+    corpus, base = tiny
+    (tmp_path / "params.yaml").write_text("seed: 0\n")  # the code's defaults, and these:
+    sets = {"generation.backend": "vllm", "generation.vllm.cpu_kv_cache_gib": 0.25, "generation.max_prompt_tokens": 480,
+            "generation.vllm.timeout_s": 240.0, "generation.max_new_tokens": 1024, "eval.vote_k": 64,
+            "eval.splits": "[train]", "tracking.enabled": "false"}
+    cmd = [sys.executable, "-c", "from progress_sql.cli import main; main()", "eval", "--model", str(base),
+           "--corpus", str(corpus), "--out", str(tmp_path / "eval"), "--params", str(tmp_path / "params.yaml")]
+    cmd += [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    engine, deadline = [], time.monotonic() + 240
+    try:
+        while not engine and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+            engine = [c for c in psutil.Process(proc.pid).children(recursive=True) if "VLLM" in " ".join(c.cmdline())
+                      or "VLLM" in c.name()]
+        assert engine and proc.poll() is None, proc.stderr.read()[-3000:] if proc.poll() is not None else "no engine"
+        time.sleep(2)  # the engine started; the evaluation is generating
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(engine, timeout=30)
+        assert not alive, [p.name() for p in alive]
+    finally:
+        if proc.poll() is None:  # nothing outlives the test, whatever failed
+            proc.kill()
+        for child in engine:
+            if child.is_running():
+                child.kill()

@@ -67,8 +67,10 @@ _register_optional()
 
 def main() -> None:
     """The ``progress-sql`` console script. When stderr is not a terminal (a log, ``dvc repro``
-    in CI) the progress bars print a status line now and then instead of redrawing one line."""
-    from progress_sql.cli.common import status_lines_when_piped
+    in CI) the progress bars print a status line now and then instead of redrawing one line; a
+    SIGTERM ends a command with its cleanup run (``exit_on_sigterm``)."""
+    from progress_sql.cli.common import exit_on_sigterm, status_lines_when_piped
 
     status_lines_when_piped()
+    exit_on_sigterm()
     app()

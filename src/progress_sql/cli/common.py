@@ -255,6 +255,19 @@ def status_lines_when_piped() -> None:
         sys.stderr = StatusLines(sys.stderr)
 
 
+def exit_on_sigterm() -> None:
+    """End the command on SIGTERM (``kill``, a cancelled run, ``die_with_dvc``) as an exception
+    would: the context managers and finally clauses run, so a vLLM engine's processes are shut
+    down with the command. Python's default, an immediate exit, left them running as orphans
+    holding the cores and GiBs of memory."""
+    import signal
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def die_with_dvc() -> None:
     """Under ``dvc repro`` / ``dvc exp run`` (which set DVC_STAGE) on Linux, have the kernel send
     this process SIGTERM when its parent (DVC: the stage's shell execs the command) dies. A
