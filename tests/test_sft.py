@@ -455,6 +455,7 @@ def test_own_mistakes_pass_trains_on_the_dialogues_and_replayed_examples(workdir
     assert result.steps == 2 and len(result.losses) == 2  # the plain pass: 16 examples, batches of 8
     assert json.loads((tmp_path / "own" / METRICS_FILE).read_text())["own_mistakes"]["steps"] == own["steps"]
     load_policy(tmp_path / "own")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own"]  # the sampler's copy of the plain pass is gone
 
 
 def test_own_mistakes_with_lora_trains_fresh_adapters_on_the_merged_weights(workdir, tmp_path):

@@ -28,6 +28,7 @@ import json
 import math
 import random
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,20 +141,29 @@ def _revision_dialogues(
         if candidates:
             pending.append((ex, candidates))
     done: dict[str, SFTExample] = {}
-    turns = settings.env.max_turns
-    while pending and turns >= 2:
+    while pending and settings.env.max_turns >= 2:
         batch = [(ex, candidates[0]) for ex, candidates in pending]
-        gold = [target_text(ex, "think_sql") for ex, _ in batch]
-        # The gold repeated to the end, so a script never runs out (a gold that is not
-        # correct at turn 2 is dropped below).
-        scripts = [[target_text(ex, "think_sql", sql)] + [g] * (turns - 1) for (ex, (_, sql)), g in zip(batch, gold)]
-        episodes = rollout(lambda: ODTFeedbackEnv(settings, schema_texts=schema_texts), ScriptedPolicy(scripts),
-                           [ex for ex, _ in batch], database)
-        for (ex, (name, _)), ep in zip(batch, episodes):
-            if ep.k_star == 2:
-                done[ex.id] = SFTExample(ep.messages[:5], (4,), "revision", ex.id, ex.db_id, name)
+        firsts = [(ex, target_text(ex, "think_sql", sql)) for ex, (_, sql) in batch]
+        for (ex, (name, _)), messages in zip(batch, _odt_dialogues(settings, schema_texts, database, firsts)):
+            if messages is not None:
+                done[ex.id] = SFTExample(messages, (4,), "revision", ex.id, ex.db_id, name)
         pending = [(ex, candidates[1:]) for ex, candidates in pending if ex.id not in done and len(candidates) > 1]
     return [done[ex.id] for ex in examples if ex.id in done]
+
+
+def _odt_dialogues(settings: Settings, schema_texts: Callable[[str, str | Path], str],
+                   database: Callable[[str], str | Path],
+                   firsts: Sequence[tuple[Example, str]]) -> list[list[Message] | None]:
+    """Each (example, wrong first answer) run through the real ODT environment with the gold as
+    every later turn: the dialogue (prompt, the answer, the environment's feedback, the gold) where
+    the answer is wrong and the gold right at turn 2 (``k_star`` 2), else None."""
+    if not firsts:
+        return []
+    # the gold repeated to the end, so a script never runs out
+    scripts = [[text] + [target_text(ex, "think_sql")] * (settings.env.max_turns - 1) for ex, text in firsts]
+    episodes = rollout(lambda: ODTFeedbackEnv(settings, schema_texts=schema_texts), ScriptedPolicy(scripts),
+                       [ex for ex, _ in firsts], database)
+    return [ep.messages[:5] if ep.k_star == 2 else None for ep in episodes]
 
 
 def own_revision_dialogues(settings: Settings, chat: Any, layout: CorpusLayout, examples: Sequence[Example],
@@ -168,11 +178,9 @@ def own_revision_dialogues(settings: Settings, chat: Any, layout: CorpusLayout, 
     firsts = [(ex, text) for ex, row in zip(examples, answers)
               for text in list(dict.fromkeys(t for t, right in row if not right))[:own.per_question]]
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
-    scripts = [[text] + [target_text(ex, "think_sql")] * (settings.env.max_turns - 1) for ex, text in firsts]
-    episodes = rollout(lambda: ODTFeedbackEnv(settings, schema_texts=schema_texts), ScriptedPolicy(scripts),
-                       [ex for ex, _ in firsts], layout.database) if firsts else []
-    dialogues = [SFTExample(ep.messages[:5], (4,), "own_revision", ex.id, ex.db_id)
-                 for (ex, _), ep in zip(firsts, episodes) if ep.k_star == 2]
+    dialogues = [SFTExample(messages, (4,), "own_revision", ex.id, ex.db_id)
+                 for (ex, _), messages in zip(firsts, _odt_dialogues(settings, schema_texts, layout.database, firsts))
+                 if messages is not None]
     counts = {"questions": len(examples), "answers": sum(map(len, answers)),
               "wrong": sum(not right for row in answers for _, right in row), "kept": len(firsts),
               "dialogues": len(dialogues)}
@@ -193,8 +201,8 @@ def own_mistakes_skipped(settings: Settings) -> str | None:
 
 def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layout: CorpusLayout, out: Path,
                            plain: Sequence[SFTExample], progress: bool = True) -> tuple[Any, dict[str, Any]]:
-    """``sft.own_mistakes``: the second pass. The policy as the plain pass left it is saved to
-    ``out`` and loaded by the rollout sampler (``generation.backend``), answers a seeded pool of
+    """``sft.own_mistakes``: the second pass. The policy as the plain pass left it is saved beside
+    ``out`` (a temporary folder) and loaded by the rollout sampler (``generation.backend``), answers a seeded pool of
     train questions (``own_revision_dialogues``), and the model trains on those dialogues with
     ``replay`` plain examples each. The model trained (a LoRA model: fresh adapters on the plain
     pass's merged weights) and what the pass did (counts, steps, losses, seconds)."""
@@ -203,17 +211,19 @@ def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layou
         raise ValueError(f"sft.own_mistakes does not apply: {reason}")
     model.eval()
     lora = is_lora(model)
-    save_policy(model, tokenizer, out)
-    if lora:  # save_policy merged the adapters into the weights in place
-        model = with_lora(model.get_base_model(), settings.sft.lora)
     train = list(read_jsonl(layout.split("train")))
-    # fp32 weights, as an RL run loads them for its sampler (vLLM takes generation.vllm.dtype)
-    chat = ChatModel.load(out, settings.generation, dtype="float32", seed=settings.seed)
-    try:
-        dialogues, counts = own_revision_dialogues(settings, chat, layout,
-                                                   question_pool(train, own.questions, settings.seed), progress)
-    finally:
-        chat.backend.close()
+    # the plain pass's policy, for the sampler to load, beside out (which only the finished run fills)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-plain-") as plain_dir:
+        save_policy(model, tokenizer, Path(plain_dir))
+        if lora:  # save_policy merged the adapters into the weights in place
+            model = with_lora(model.get_base_model(), settings.sft.lora)
+        # fp32 weights, as an RL run loads them for its sampler (vLLM takes generation.vllm.dtype)
+        chat = ChatModel.load(plain_dir, settings.generation, dtype="float32", seed=settings.seed)
+        try:
+            dialogues, counts = own_revision_dialogues(settings, chat, layout,
+                                                       question_pool(train, own.questions, settings.seed), progress)
+        finally:
+            chat.backend.close()
     rng = random.Random(f"{settings.seed}:sft-own-replay")
     replayed = rng.sample(list(plain), min(len(plain), round(own.replay * len(dialogues))))
     result: dict[str, Any] = {**counts, "replayed": len(replayed), "steps": 0}
