@@ -40,13 +40,14 @@ def test_params_yaml_is_the_defaults_with_the_real_model_recipe():
 def test_params_yaml_lists_every_setting_explicitly():
     """Every setting but a registered part's own (``params.part_settings``: a recipe's weights,
     a backend's section, a source's folder and share), which params.yaml may list (whole) or
-    leave to the part's module."""
-    from progress_sql.config_reference import missing_params, unlisted_parts
+    leave to the part's module, and those whose default the registry derives (every source)."""
+    from progress_sql.config_reference import missing_params, unlisted_optional
 
     raw = yaml.safe_load(PARAMS.read_text())
     missing = missing_params(PARAMS.read_text())
     assert not missing, f"params.yaml lacks (python -m progress_sql.config_reference --missing):\n{missing}"
-    unlisted = unlisted_parts(PARAMS.read_text())
+    unlisted = unlisted_optional(PARAMS.read_text())
+    assert {"data.import_train", "data.import_eval"} <= unlisted  # a new source is imported without a line here
     expected = {k for k in _leaf_keys(Settings().model_dump()) if not any(k.startswith(p + ".") or k == p for p in unlisted)}
     assert _leaf_keys(raw) == expected
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from progress_sql.data.mix import plan_mix
 from progress_sql.sources import iter_json_array, reading
 from progress_sql.sources.bird import bird_database_path, load_bird
 from progress_sql.sources.spider import load_spider, spider_database_path, spider_tables_path
+
+REPO = Path(__file__).resolve().parents[1]
 from progress_sql.sources.spider_variants import load_spider_variant
 from progress_sql.sources.synsql import count_synsql_records, load_synsql, synsql_database_path
 from progress_sql.corpus.records import CorpusError, Example
@@ -477,7 +480,9 @@ def test_each_source_gives_its_sets_under_its_semantics(spider_root, bird_root, 
 
 def test_a_registered_source_needs_no_other_change(bird_root, tmp_path):
     """A source added to ``SOURCES`` alone (here a second BIRD-shaped one) has its setting, its
-    ``data import`` option, its share and its place in the import's manifest."""
+    ``data import`` option, its share and its place in the import's manifest, and the project's
+    params.yaml draws from it as it is (data.import_train / import_eval take every source)."""
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     code = f"""
 import dataclasses, sys
 from progress_sql import sources
@@ -487,7 +492,6 @@ sources._BY_NAME[new.name] = new
 from typer.testing import CliRunner
 from progress_sql.cli import app
 result = CliRunner().invoke(app, ["data", "import", "--toy-bird", {str(bird_root)!r}, "--out", "corpus", "--no-progress",
-                                  "--set", "data.import_train=[toy_bird]", "--set", "data.import_eval=[toy_bird]",
                                   "--set", "data.import_sampling=shares", "--set", "data.mix_total=1"])
 print(result.output)
 sys.exit(result.exit_code)

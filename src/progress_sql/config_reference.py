@@ -9,8 +9,9 @@ the optional settings of registered parts too).
 The settings of a registered part (a recipe's weights, a backend's section, a dataset source's
 folder and share: ``params.part_settings()``) are optional in params.yaml and listed here only
 where params.yaml lists them; a setting that names parts (``params.registered_settings()``) is
-documented by its registry, not by a copy of the registry's names. A new part therefore changes
-neither params.yaml nor docs/CONFIG.md."""
+documented by its registry, not by a copy of the registry's names, and where the registry derives
+its default (every source: ``params.derived_settings()``) params.yaml may leave it out. A new
+part therefore changes neither params.yaml nor docs/CONFIG.md."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.params import Settings, dotted_items, part_settings, registered_settings, yaml_load
+from progress_sql.params import Settings, derived_settings, dotted_items, part_settings, registered_settings, yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -80,6 +81,13 @@ def unlisted_parts(params_text: str) -> set[str]:
     return {part for part in part_settings() if not any(k == part or k.startswith(part + ".") for k in listed)}
 
 
+def unlisted_optional(params_text: str) -> set[str]:
+    """What ``params_text`` may leave out and does: the unlisted parts' settings and the settings
+    whose default the registry derives (``derived_settings``; documented all the same)."""
+    listed = _leaf_keys(yaml_load(params_text) or {})
+    return unlisted_parts(params_text) | (derived_settings() - listed)
+
+
 def _rows(model: type[BaseModel], skipped: set[str], prefix: str = "") -> Iterator[tuple[str, str, str, str, Any]]:
     defaults = model()
     registered = registered_settings()
@@ -110,6 +118,7 @@ def reference_markdown(params_text: str) -> str:
     """The whole reference page as Markdown."""
     comments = params_comments(params_text)
     listed = dict(dotted_items(yaml_load(params_text) or {}))
+    registered = registered_settings()
     lines = [
         "# Configuration reference",
         "",
@@ -130,7 +139,7 @@ def reference_markdown(params_text: str) -> str:
         if top != section:
             section = top
             lines += ["", f"## {section}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-        note = comments.get(key, "").replace("|", "\\|")
+        note = (comments.get(key) or getattr(registered.get(key), "meaning", "")).replace("|", "\\|")
         if key in listed and _differs(listed[key], repr(value)):
             default = f"{default}, params.yaml `{listed[key]!r}`"
         lines.append(f"| `{key}` | {type_name} | {default} | {limits} | {note} |")
@@ -141,9 +150,10 @@ def missing_params(params_text: str, parts: bool = False) -> str:
     """The settings with no key in ``params_text`` (a params.yaml), as YAML of their defaults
     nested under their sections ('' when none is missing). A registered part's settings that
     params.yaml does not list at all are optional (``part_settings``) and not missing, unless
-    ``parts`` (to list a new part's settings in params.yaml)."""
+    ``parts`` (to list a new part's settings in params.yaml); so are the settings whose default
+    the registry derives (``derived_settings``)."""
     listed = yaml_load(params_text) or {}
-    optional = set() if parts else unlisted_parts(params_text)
+    optional = set() if parts else unlisted_optional(params_text)
     missing: dict[str, Any] = {}
 
     def walk(defaults: dict[str, Any], present: Any, out: dict[str, Any], prefix: str) -> None:

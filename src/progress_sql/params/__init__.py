@@ -51,6 +51,7 @@ from progress_sql.params.settings import (
     SFTSettings,
     TrackingSettings,
     default_settings,
+    derived_settings,
     part_settings,
     registered_names,
     registered_settings,
@@ -64,7 +65,7 @@ __all__ = [
     "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLAsyncSettings",
     "RLSettings", "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError",
     "TrackingSettings",
-    "check_model_paths", "default_settings", "dotted_items", "is_local_model_path", "load_preset", "load_settings",
+    "check_model_paths", "default_settings", "derived_settings", "dotted_items", "is_local_model_path", "load_preset", "load_settings",
     "merge_overlay", "part_settings", "preset_file", "preset_names", "presets_dir", "registered_names",
     "registered_settings", "settings_from_dict", "with_preset", "yaml_load",
 ]

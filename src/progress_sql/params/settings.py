@@ -45,6 +45,7 @@ class Registered:
     what: str  # what the setting takes, naming the registry: docs/CONFIG.md's type
     names: Callable[[], tuple[str, ...]]  # the names it accepts, read from the registry
     default: str = ""  # docs/CONFIG.md's default when the registry derives it ("": the value itself)
+    meaning: str = ""  # docs/CONFIG.md's meaning where params.yaml leaves a derived default out
 
 
 def registered_settings() -> dict[str, Registered]:
@@ -63,10 +64,19 @@ def registered_settings() -> dict[str, Registered]:
         "eval.splits": Registered("splits of `corpus.records.CORPUS_SPLITS` and variants of `sources.VARIANTS`",
                                   lambda: EVAL_SPLITS, default="indomain, dev, test, then every variant"),
         "data.import_train": Registered("sources of `sources.SOURCES` that have a train set", lambda: _TRAIN_SOURCES,
-                                        default="all of them"),
+                                        default="all of them", meaning="of the datasets given: those whose train "
+                                        "sets the train split is drawn from"),
         "data.import_eval": Registered("sources of `sources.SOURCES` that have dev/test sets", lambda: _EVAL_SOURCES,
-                                       default="all of them"),
+                                       default="all of them", meaning="of the datasets given: those whose dev (and "
+                                       "test) sets make the dev and test splits"),
     }
+
+
+def derived_settings() -> set[str]:
+    """The settings whose default the registry derives (every source, every split): optional in
+    params.yaml, so a new part is taken by default without a second list to keep in step there
+    (a preset or params.yaml may still set one)."""
+    return {key for key, registered in registered_settings().items() if registered.default}
 
 
 def registered_names() -> dict[str, tuple[str, ...]]:
