@@ -26,14 +26,13 @@ from progress_sql.data.mix import plan_mix
 from progress_sql.sources import iter_json_array, reading
 from progress_sql.sources.bird import bird_database_path, load_bird
 from progress_sql.sources.spider import load_spider, spider_database_path, spider_tables_path
-
-REPO = Path(__file__).resolve().parents[1]
 from progress_sql.sources.spider_variants import load_spider_variant
 from progress_sql.sources.synsql import count_synsql_records, load_synsql, synsql_database_path
 from progress_sql.corpus.records import CorpusError, Example
 from progress_sql.corpus.schema import create_database, read_tables_json
 from progress_sql.sql import hardness
 
+from conftest import REPO
 from conftest import SPIDER_ROWS as ROWS
 
 

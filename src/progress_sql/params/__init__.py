@@ -65,7 +65,7 @@ __all__ = [
     "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLAsyncSettings",
     "RLSettings", "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError",
     "TrackingSettings",
-    "check_model_paths", "default_settings", "derived_settings", "dotted_items", "is_local_model_path", "load_preset", "load_settings",
-    "merge_overlay", "part_settings", "preset_file", "preset_names", "presets_dir", "registered_names",
+    "check_model_paths", "default_settings", "derived_settings", "dotted_items", "is_local_model_path", "load_preset",
+    "load_settings", "merge_overlay", "part_settings", "preset_file", "preset_names", "presets_dir", "registered_names",
     "registered_settings", "settings_from_dict", "with_preset", "yaml_load",
 ]
