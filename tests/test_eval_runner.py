@@ -313,6 +313,9 @@ def test_metrics_and_reports_go_to_the_active_mlflow_run(corpus, tmp_path, monke
     # A file store is enough to check what is logged (and starts in a fraction of the time of
     # a database store, which runs its schema migrations first).
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI, which outranks every later test's
+    # settings: monkeypatch owns the variable, so it is put back as it was
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
     # MLflow keeps the active experiment process-wide: an earlier test's id means nothing here.
     mlflow.set_experiment("eval-logging")
