@@ -165,7 +165,8 @@ def part_sft(args: argparse.Namespace) -> dict:
     work = Path(args.work)
     new = args.variant == "now"
     examples = 8 * args.sft_steps
-    s = _settings(work, **{"sft.max_examples": examples, "sft.epochs": 1.0, "sft.gradient_checkpointing": new})
+    s = _settings(work, **{"sft.max_examples": examples, "sft.epochs": 1.0, "sft.gradient_checkpointing": new,
+                           "sft.own_mistakes.questions": 0})  # the steps alone: the second pass samples first
     if not new:
         sft_module.map_large_blocks = lambda: False  # glibc's heap as it was
     result = sft_module.run_sft(s, work / "corpus", out_dir=work / f"sft-{args.variant}", progress=False)
