@@ -551,6 +551,11 @@ def test_lora_on_a_tied_head_adapts_the_head_alone(warm, tmp_path):
     assert {name: cls.own_weights for name, cls in BACKEND_CLASSES.items()} == {"transformers": False, "vllm": True}
     with pytest.raises(ValueError, match="vllm backend, loading that model, would drop the head's adapter"):
         run_rl(s, corpus, out_dir=tmp_path / "rl", progress=False)
+    # so is rl.async's producer, which loads the folder too, whatever the backend
+    s.generation.backend, s.rl.async_.enabled = "transformers", True
+    with pytest.raises(ValueError, match="producer of rl.async, loading that model, would drop the head's adapter; "
+                                         "set rl.async.enabled: false or leave the head out"):
+        run_rl(s, corpus, out_dir=tmp_path / "rl-async", progress=False)
 
 
 def test_rl_questions_solved_draws_only_what_the_policy_answers_greedily(half_right, tmp_path):

@@ -21,10 +21,13 @@ attention anywhere.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 import torch
+
+from progress_sql.inference.lora import base_model
 
 ATTENTION = "progress_sql"
 
@@ -119,15 +122,21 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
-def install(model: torch.nn.Module) -> torch.nn.Module:
-    """Give ``model`` (and its later copies: the reference, the sampler) the project's attention,
-    where it runs SDPA today (a model loaded with another implementation keeps it)."""
+@functools.cache
+def _register() -> None:
+    """Name ``ATTENTION`` in transformers' registries, once a process (they are process-wide)."""
     from transformers import AttentionInterface  # noqa: PLC0415
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # noqa: PLC0415
 
     AttentionInterface.register(ATTENTION, attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # SDPA's masks when not packed
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def install(model: torch.nn.Module) -> torch.nn.Module:
+    """Give ``model`` (and its later copies: the reference, the sampler) the project's attention,
+    where it runs SDPA today (a model loaded with another implementation keeps it)."""
+    _register()
+    inner = base_model(model)
     if inner.config._attn_implementation in ("sdpa", ATTENTION):
         inner.config._attn_implementation = ATTENTION
     return model

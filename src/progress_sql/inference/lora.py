@@ -1,7 +1,7 @@
-"""A policy with LoRA adapters, as inference sees it: whether a model holds adapters, and the
-weights of the function it computes (adapters merged) under the plain model's names, which a
-sampler loads (the vLLM backend's weight sync, the asynchronous producer's shared weights).
-Training adapters is ``train.lora``'s."""
+"""A policy with LoRA adapters, as inference sees it: whether a model holds adapters, the model
+under them, and the weights of the function it computes (adapters merged) under the plain
+model's names, which a sampler loads (the vLLM backend's weight sync, the asynchronous
+producer's shared weights). Training adapters is ``train.lora``'s."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ import torch
 def is_lora(model: Any) -> bool:
     """Whether ``model`` is a peft model holding adapters."""
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def base_model(model: Any) -> Any:
+    """The model a peft wrapper holds (its config, its forward), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def merged_weights(model: Any) -> dict[str, torch.Tensor]:

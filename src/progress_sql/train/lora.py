@@ -32,6 +32,17 @@ def adapts_tied_head(model: Any, lora: LoRASettings) -> bool:
     return any(name == t or name.endswith("." + t) for name in names for t in lora.targets)
 
 
+def refuse_a_tied_head_its_sampler_drops(model: Any, lora: LoRASettings, *, sampler: str | None, remedy: str) -> None:
+    """Refuse adapters on ``model``'s tied output head when the run's ``sampler`` (e.g. "the vllm
+    backend") loads the model from its folder, which holds the tied head: the sampler would drop
+    the head's adapter and sample from another policy than the one trained. ``None``: the sampler
+    takes the trainer's weights, untied head included."""
+    if sampler and adapts_tied_head(model, lora):
+        raise ValueError(f"rl.lora.targets adapt the output head of a model whose head is tied to its input embedding: "
+                         f"{sampler}, loading that model, would drop the head's adapter; {remedy} or leave the head "
+                         "out of rl.lora.targets")
+
+
 def with_lora(model: Any, lora: LoRASettings) -> Any:
     """``model`` wrapped with fresh LoRA adapters on ``lora.targets``; only they require grad. An
     adapted head that is tied to the input embedding is untied first (its own frozen copy of the

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from progress_sql.inference import attention
+from progress_sql.inference.lora import base_model
 from progress_sql.params import RLSettings
 from progress_sql.train.trajectories import TokenizedTrajectory
 
@@ -218,7 +219,7 @@ def use_packed_attention(model: torch.nn.Module) -> None:
 @contextlib.contextmanager
 def attention_implementation(model: torch.nn.Module, name: str) -> Any:
     """``model`` with attention ``name`` for the duration (tests and benches compare kernels)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base_model(model)
     before = inner.config._attn_implementation
     inner.config._attn_implementation = name
     try:

@@ -25,7 +25,7 @@ from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.params import Settings
 from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
-from progress_sql.train.lora import adapts_tied_head, with_lora
+from progress_sql.train.lora import refuse_a_tied_head_its_sampler_drops, with_lora
 from progress_sql.train.packing import use_packed_attention
 from progress_sql.train.question_scores import train_questions
 from progress_sql.train.resume import run_fingerprint
@@ -109,14 +109,11 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
         use_packed_attention(model)
     reference = None
     if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
-        if rl.async_.enabled and adapts_tied_head(model, rl.lora):
-            raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
-                             "embedding: the rollout producer of rl.async loads the tied model and cannot take the "
-                             "untied head; leave the head out of rl.lora.targets or set rl.async.enabled: false")
-        if backend_class(gen.backend).own_weights and adapts_tied_head(model, rl.lora):
-            raise ValueError("rl.lora.targets adapt the output head of a model whose head is tied to its input "
-                             f"embedding: the {gen.backend} backend, loading that model, would drop the head's adapter; "
-                             "generate with the transformers backend or leave the head out of rl.lora.targets")
+        refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler="the rollout producer of rl.async" if
+                                             rl.async_.enabled else None, remedy="set rl.async.enabled: false")
+        refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler=f"the {gen.backend} backend" if
+                                             backend_class(gen.backend).own_weights else None,
+                                             remedy="generate with the transformers backend")
         model = with_lora(model, rl.lora)
     elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
         reference = copy.deepcopy(model).eval().requires_grad_(False)

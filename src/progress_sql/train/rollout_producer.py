@@ -12,11 +12,11 @@ does: with rl.dynamic_sampling, more draws until enough groups have a signal), s
 tokenises them, and puts one step's batch at a time into a bounded queue, tagged with the step
 and the *version* of the weights it sampled with (the optimizer steps they had taken).
 
-Weights travel through shared memory (``WeightBoard``): the trainer copies its new parameters
-there after each update, under a lock, and raises the version; before each batch the producer
-loads the newest version into its sampler through the backend's own ``sync_weights`` (from a
-module whose parameters are the shared tensors), under the same lock. A LoRA policy's adapters
-are merged into the shared weights (``inference.lora.merged_weights``).
+Weights travel through shared memory (``train.weight_board``): the trainer publishes its new
+parameters after each update; before each batch the producer loads the newest version into its
+sampler through the backend's own ``sync_weights`` (from a module whose parameters are the
+shared tensors), under the board's lock. A LoRA policy's adapters are merged into the shared
+weights (``inference.lora.merged_weights``).
 
 Staleness: the batch of step s is trained by weights of version s − 1, so its staleness is
 s − 1 − v. The producer does not start step s before version s − 1 − ``max_staleness`` is on
@@ -57,9 +57,9 @@ from progress_sql.corpus.records import Example
 from progress_sql.inference.lora import merged_weights
 from progress_sql.params import Settings
 from progress_sql.train.rollouts import StepBatch
+from progress_sql.train.weight_board import POLL_S, WeightBoard
 
 PROCESS_NAME = "rollout-producer"
-_POLL_S = 0.5  # how often a wait looks at the other side (an exit, a stop)
 
 
 class ProducerFailed(RuntimeError):
@@ -109,33 +109,6 @@ class ProducedBatch:
 @dataclass
 class _Failure:
     message: str  # the producer's traceback
-
-
-class WeightBoard:
-    """The trainer's newest weights in shared memory: ``tensors`` (plain parameter names, fp32 on
-    the CPU), ``version`` (optimizer steps they have taken; -1 before the first publish) and the
-    lock that keeps a reader from seeing half a copy."""
-
-    def __init__(self, weights: dict[str, torch.Tensor], ctx: Any) -> None:
-        self.tensors = {name: t.detach().to("cpu", torch.float32).clone().share_memory_() for name, t in weights.items()}
-        self.version = ctx.Value("q", -1, lock=False)
-        self.lock = ctx.Lock()
-
-    def publish(self, weights: dict[str, torch.Tensor], version: int, alive: Any = None, timeout_s: float = 0.0
-                ) -> None:
-        """Copy ``weights`` in as ``version``. With ``alive`` (a callable raising when the reader
-        is gone) the lock is waited for in slices: a reader killed while it held it never lets go."""
-        deadline = time.monotonic() + timeout_s
-        while not self.lock.acquire(timeout=_POLL_S):
-            if alive is not None:
-                alive(deadline)
-        try:
-            with torch.no_grad():
-                for name, tensor in self.tensors.items():
-                    tensor.copy_(weights[name])
-            self.version.value = version
-        finally:
-            self.lock.release()
 
 
 class RolloutProducer:
@@ -199,7 +172,7 @@ class RolloutProducer:
         threading.Thread(target=lambda: got.put(self.queue.get()), name="rollout-batch-reader", daemon=True).start()
         while True:
             try:
-                item = got.get(timeout=_POLL_S)
+                item = got.get(timeout=POLL_S)
                 break
             except queue.Empty:
                 self._check(deadline, f"no batch for step {step}")
@@ -289,7 +262,7 @@ def _put(out: Any, item: Any, stop: Any) -> bool:
     """Put ``item`` (waiting while the queue is full); False when stopped first."""
     while not stop.value:
         try:
-            out.put(item, timeout=_POLL_S)
+            out.put(item, timeout=POLL_S)
             return True
         except queue.Full:
             continue

@@ -53,6 +53,7 @@ from progress_sql.formats import FORMATS, FormatName, answer_text
 from progress_sql.train.corrupt import corrupt, schema_from_ddl
 from progress_sql.train.question_scores import judged_answers, question_pool
 from progress_sql.eval.runner import greedy_answers
+from progress_sql.inference.lora import base_model
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.inference import attention
@@ -344,7 +345,7 @@ def token_loss(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: 
     log-probabilities come from the hidden states a chunk at a time (``train.logprobs``,
     ``chunk_mb`` of fp32 logits at once).
     """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base_model(model)
     packed = inner.config._attn_implementation == attention.ATTENTION
     trajs = [TokenizedTrajectory(list(ids), list(mask), [0.0] * len(ids), 0.0, 0, 1) for ids, mask in rows]
     batch = token_batch(trajs, packed=packed, pad_id=pad_id, device=model.device, share_prefix=share_prefix and packed,
@@ -543,7 +544,7 @@ def _layers_checkpointed(model: Any, on: bool) -> Iterator[None]:
     input for the backward pass and runs again there (transformers' gradient checkpointing):
     a step's activations shrink from ~1.3 MB a token (SmolLM2's 30 layers) to ~0.1 MB, for one
     more forward pass. Off again after."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base_model(model)
     if not on:
         yield
         return

@@ -39,13 +39,14 @@ from progress_sql.inference.backends.base import (
     sample_seeds,
     sample_text,
 )
+from progress_sql.inference.lora import base_model
 from progress_sql.inference.settings import GenerationSettings
 
 
 def cache_kwarg(model: Any) -> str:
     """The forward argument that takes a KV cache: ``cache`` from transformers 5.2x on,
     ``past_key_values`` before (vLLM installs pin older transformers)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
