@@ -334,14 +334,39 @@ def test_bounded_printf_formats_as_sqlite_does(numbers_db: Path, fmt: str, args:
        args=st.lists(st.one_of(st.integers(-999, 999), st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=5),
                                st.binary(max_size=4), st.none()), max_size=4))
 def test_bounded_printf_agrees_with_sqlites_on_any_short_format(fmt: str, args: list) -> None:
-    from progress_sql.sql.printf import bounded_printf, state
+    """SQLite's printf at the same length limit, or TooBig where that one gives a NULL that is a
+    failure (its result without the limit is not NULL): past the limit, or, for a float with a
+    width near it (`printf('%*E', 999981.0)`: 999,981 characters), its conversion buffer past it."""
+    from progress_sql.sql.printf import TooBig, bounded_printf, state
 
-    con = sqlite3.connect(":memory:")
-    con.text_factory = lambda raw: raw.decode("utf-8", errors="ignore")  # a blob's bytes, as the sandbox reads them
-    expected = con.execute(f"SELECT printf({', '.join('?' * (1 + len(args)))})", (fmt, *args)).fetchone()[0]
-    con.close()
+    limit, call = 1_000_000, f"SELECT printf({', '.join('?' * (1 + len(args)))})"
+    expected = {}
+    for name, length in (("limited", limit), ("unlimited", None)):
+        con = sqlite3.connect(":memory:")
+        con.text_factory = lambda raw: raw.decode("utf-8", errors="ignore")  # a blob's bytes, as the sandbox reads them
+        if length:
+            con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, length)
+        expected[name] = con.execute(call, (fmt, *args)).fetchone()[0]
+        con.close()
+    state.limit = limit
+    if expected["limited"] is None and expected["unlimited"] is not None:
+        with pytest.raises(TooBig):
+            bounded_printf(fmt, *args)
+    else:
+        assert bounded_printf(fmt, *args) == expected["limited"]
+
+
+def test_a_float_whose_conversion_buffer_passes_the_limit_is_refused_and_one_below_it_formatted() -> None:
+    """Found by the test above: `%*E` with a width 19 short of the limit is 999,981 characters, yet
+    SQLite's float buffer (width + precision 6 + 15) passes 1,000,000 and its printf gives NULL."""
+    from progress_sql.sql.printf import TooBig, bounded_printf, state
+
     state.limit = 1_000_000
-    assert bounded_printf(fmt, *args) == expected
+    with pytest.raises(TooBig):
+        bounded_printf("%*E", 999_981.0)
+    assert len(bounded_printf("%*E", 999_979.0)) == 999_979
+    with pytest.raises(TooBig):
+        bounded_printf("%*E", 999_980.0)  # a byte past: SQLite at the limit fails, one byte more would not
 
 def test_printf_over_text_that_is_not_utf8_still_answers(tmp_path: Path) -> None:
     # Python cannot pass such text to the bounded printf: SQLite's own formats it

@@ -7,10 +7,12 @@ one virtual-machine step before doing so. The sandbox registers ``bounded_printf
 names on every connection it opens. It first adds up the least number of characters the format
 must produce (literal text, each conversion's width and precision, each ``%s`` argument's
 length), refusing at once when that passes the limit; otherwise the built-in ``printf`` of a
-per-thread in-memory side connection (same length limit) formats the values behind one literal
-character, and a NULL from it (which then only the accumulator's failure gives) is refused too. A refusal sets
-``state.too_big`` (the sandbox reads it, as it reads its deadline flag) and raises, which
-SQLite reports as an error of the user function.
+per-thread in-memory side connection (same length limit) formats the values, and a NULL from it
+that is not an empty result's (a leading literal character tells them apart) is refused too: the
+accumulator fails at the limit, and also a little short of it where a float's conversion buffer
+(its width, precision and a few bytes more) would pass it. A refusal sets ``state.too_big`` (the
+sandbox reads it, as it reads its deadline flag) and raises, which SQLite reports as an error of
+the user function.
 
 Python cannot receive text that is not UTF-8 (``CAST(x'ff' AS TEXT)``, a latin-1 column): such
 an argument fails the call before ``bounded_printf`` runs. The sandbox then runs the query
@@ -148,18 +150,19 @@ def _formatted(args: tuple[Any, ...]) -> bytes | None:
     text = fmt.decode("utf-8", "replace") if isinstance(fmt, bytes) else str(fmt)
     if least_chars(text, args[1:]) > state.limit:
         _refuse()
-    # SQLite's printf gives NULL for an empty result too: a leading "x" tells that from a failure
-    placeholders = ", ".join("?" * len(args[1:]))
-    sql = f"SELECT printf('x' || ?{', ' if placeholders else ''}{placeholders})"
+    calls = ", ".join("?" * len(args))
     try:
-        out = _side(state.limit + 1).execute(sql, args).fetchone()[0]
+        out = _side(state.limit).execute(f"SELECT printf({calls})", args).fetchone()[0]  # SQLite's own, at the limit
+        if out is not None:
+            return out
+        # NULL: SQLite's printf of an empty result, or its accumulator's failure at the limit; a
+        # leading "x", with one byte more allowed, tells them apart
+        marked = _side(state.limit + 1).execute(f"SELECT printf('x' || {calls})", args).fetchone()[0]
     except sqlite3.DataError:  # the format itself was past the limit
         _refuse()
-    if out is None:
-        _refuse()
-    if out == b"x":  # empty: NULL or '', as SQLite's printf has it for this format
-        return _side(state.limit).execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0]
-    return out[1:]
+    if marked == b"x":
+        return None
+    _refuse()
 
 
 def bounded_printf(*args: Any) -> str | None:
