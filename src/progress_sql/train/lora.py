@@ -32,12 +32,11 @@ def adapts_tied_head(model: Any, lora: LoRASettings) -> bool:
     return any(name == t or name.endswith("." + t) for name in names for t in lora.targets)
 
 
-def refuse_a_tied_head_its_sampler_drops(model: Any, lora: LoRASettings, *, sampler: str | None, remedy: str) -> None:
-    """Refuse adapters on ``model``'s tied output head when the run's ``sampler`` (e.g. "the vllm
-    backend") loads the model from its folder, which holds the tied head: the sampler would drop
-    the head's adapter and sample from another policy than the one trained. ``None``: the sampler
-    takes the trainer's weights, untied head included."""
-    if sampler and adapts_tied_head(model, lora):
+def refuse_a_tied_head_its_sampler_drops(model: Any, lora: LoRASettings, *, sampler: str, remedy: str) -> None:
+    """Refuse adapters on ``model``'s tied output head for a ``sampler`` (e.g. "the vllm backend")
+    that loads the model from its folder, which holds the tied head: it would drop the head's
+    adapter and sample from another policy than the one trained."""
+    if adapts_tied_head(model, lora):
         raise ValueError(f"rl.lora.targets adapt the output head of a model whose head is tied to its input embedding: "
                          f"{sampler}, loading that model, would drop the head's adapter; {remedy} or leave the head "
                          "out of rl.lora.targets")

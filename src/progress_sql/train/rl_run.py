@@ -109,11 +109,12 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
         use_packed_attention(model)
     reference = None
     if rl.lora.enabled:  # the base frozen, the adapters trained; the reference is the adapters off
-        refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler="the rollout producer of rl.async" if
-                                             rl.async_.enabled else None, remedy="set rl.async.enabled: false")
-        refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler=f"the {gen.backend} backend" if
-                                             backend_class(gen.backend).own_weights else None,
-                                             remedy="generate with the transformers backend")
+        if rl.async_.enabled:
+            refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler="the rollout producer of rl.async",
+                                                 remedy="set rl.async.enabled: false")
+        if backend_class(gen.backend).own_weights:
+            refuse_a_tied_head_its_sampler_drops(model, rl.lora, sampler=f"the {gen.backend} backend",
+                                                 remedy="generate with the transformers backend")
         model = with_lora(model, rl.lora)
     elif rl.kl_beta > 0:  # a frozen copy of the starting policy; β = 0 keeps none
         reference = copy.deepcopy(model).eval().requires_grad_(False)
