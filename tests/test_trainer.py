@@ -23,7 +23,7 @@ from progress_sql import envs  # noqa: E402
 from progress_sql.params import RLSettings  # noqa: E402
 from progress_sql.corpus.records import CorpusError, CorpusLayout, Example, read_jsonl, write_jsonl  # noqa: E402
 from progress_sql.train.checkpoint import list_checkpoints  # noqa: E402
-from progress_sql.train.distributed import deepspeed_config, lr_lambda, use_deepspeed  # noqa: E402
+from progress_sql.train.distributed import deepspeed_config, lr_lambda, process_environment, use_deepspeed  # noqa: E402
 from progress_sql.train.losses import group_advantages  # noqa: E402
 from progress_sql.train.precision import autocast_dtype  # noqa: E402
 from progress_sql.train.packing import token_batch, use_packed_attention  # noqa: E402
@@ -132,12 +132,13 @@ def test_zero3_one_step_saves_consolidated_weights(warm, tmp_path):
     """... and leaves the process as it found it: ZeRO-3 swaps torch's linear for its own, whose
     last bits differ, and a later run in the same process would not reproduce."""
     corpus, policy = warm
-    linear = torch.nn.functional.linear
+    linear, environ = torch.nn.functional.linear, dict(os.environ)
     s = school_settings(policy)
     s.rl.deepspeed, s.rl.deepspeed_config = "always", "configs/deepspeed/zero3.json"
     s.rl.steps, s.rl.questions_per_step = 1, 1
     result = run_rl(s, corpus, out_dir=tmp_path, progress=False)
     assert torch.nn.functional.linear is linear
+    assert dict(os.environ) == environ  # no MASTER_PORT left for a child to find still taken
     assert json.loads((result.final_dir / "rl_run.json").read_text())["zero_stage"] == 3
     rewards = {row["reward"] for row in _rollout_rows(result.out_dir, 1)}
     assert len(rewards) > 1, "the step's one group needs unequal rewards to learn from"
@@ -375,6 +376,22 @@ def test_engine_choice():
     assert use_deepspeed("auto") == torch.cuda.is_available()
     with pytest.raises(ValueError):
         use_deepspeed("sometimes")
+
+
+def test_process_environment_keeps_a_launchers_values_and_removes_its_own(monkeypatch):
+    """torch keeps a closed group's store listening on its port: a MASTER_PORT left in the
+    environment was inherited by bench/gpu_check.sh's parts, which all failed with EADDRINUSE."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_EXTENSIONS_DIR")
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher's
+    with process_environment(False):
+        assert "MASTER_PORT" not in os.environ
+    with pytest.raises(RuntimeError), process_environment(True):
+        assert os.environ["WORLD_SIZE"] == "4" and os.environ["RANK"] == "0"
+        assert 1024 <= int(os.environ["MASTER_PORT"]) <= 65535
+        raise RuntimeError("the run failed")
+    assert {key: os.environ.get(key) for key in keys} == {key: "4" if key == "WORLD_SIZE" else None for key in keys}
 
 
 def test_rl_draws_only_questions_of_rl_hardness(warm, tmp_path):

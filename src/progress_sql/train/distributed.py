@@ -14,9 +14,9 @@ The caller says which micro-batch is a batch's last (``last``): micro-batches ar
 (``rl.micro_batch_tokens``), so their number changes from step to step.
 
 DeepSpeed on CPU (CI): ``DS_ACCELERATOR=cpu``, one process with RANK/WORLD_SIZE/MASTER_* set
-here, gloo. A single CPU process has no peer to share memory with, so DeepSpeed's
-shared-memory all-reduce op (a C++ build of ~35 s on first use) is switched off there; with
-several processes it is built once into ``TORCH_EXTENSIONS_DIR`` (default
+for the run (``process_environment``), gloo. A single CPU process has no peer to share memory
+with, so DeepSpeed's shared-memory all-reduce op (a C++ build of ~35 s on first use) is switched
+off there; with several processes it is built once into ``TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/progress_sql/torch_extensions``). Multi-GPU runs come from the ``deepspeed``
 launcher, which sets the same variables (docs/multi_gpu.md).
 """
@@ -62,17 +62,26 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def prepare_environment(deepspeed: bool) -> None:
-    """Process-group variables for a single process (the launcher sets them for many) and, on
-    CPU, DeepSpeed's CPU accelerator. Existing values are kept."""
+@contextlib.contextmanager
+def process_environment(deepspeed: bool) -> Iterator[None]:
+    """For the length of a run: the process-group variables of a single process (a launcher sets
+    them for many) and, on CPU, DeepSpeed's CPU accelerator. Existing values are kept; those it set
+    are removed at the end, because torch keeps a closed group's store listening on MASTER_PORT:
+    a port left behind fails a later run in this process, or a child's, with EADDRINUSE."""
     if not deepspeed:
+        yield
         return
+    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(free_port()), "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_CACHE)}
     if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
+        wanted["DS_ACCELERATOR"] = "cpu"
+    added = [key for key in wanted if key not in os.environ]
+    os.environ.update({key: wanted[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def resolve_config_path(path: str | os.PathLike) -> Path:
@@ -348,7 +357,8 @@ def make_engine(
     """AdamW (lr, weight decay of ``rl``) with the ``lr_lambda`` schedule, in a DeepSpeed engine
     (config from ``rl.deepspeed_config``) or a plain TorchEngine, at the precision of
     ``rl.autocast`` (``train.precision``): a plain engine and DeepSpeed on CPU autocast their
-    forward; DeepSpeed on a GPU runs its own bf16 mode (its module in bf16, fp32 master weights)."""
+    forward; DeepSpeed on a GPU runs its own bf16 mode (its module in bf16, fp32 master weights).
+    DeepSpeed needs the variables of ``process_environment``, entered by the caller for the run."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=rl.lr, weight_decay=rl.weight_decay
     )
@@ -358,7 +368,6 @@ def make_engine(
     if not deepspeed:
         return TorchEngine(model, optimizer, scheduler, rl.grad_clip, autocast_dtype=dtype)
     bf16 = on_gpu and dtype == torch.bfloat16
-    prepare_environment(True)
     import deepspeed as ds  # noqa: PLC0415 - heavy import, only for DeepSpeed runs
 
     config = deepspeed_config(rl, grad_accum=grad_accum, world=world_size(), bf16=bf16)

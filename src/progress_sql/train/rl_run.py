@@ -24,7 +24,7 @@ from progress_sql.inference.backends import GenerationBackend, backend_class, ma
 from progress_sql.inference.models import load_policy
 from progress_sql.inference.policy import ChatModel
 from progress_sql.params import Settings
-from progress_sql.train.distributed import Engine, make_engine, prepare_environment, rank, use_deepspeed, world_size
+from progress_sql.train.distributed import Engine, make_engine, process_environment, rank, use_deepspeed, world_size
 from progress_sql.train.lora import refuse_a_tied_head_its_sampler_drops, with_lora
 from progress_sql.train.packing import use_packed_attention
 from progress_sql.train.question_scores import train_questions
@@ -92,7 +92,7 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
     train = train_questions(settings, layout)
     fingerprint = run_fingerprint(settings, layout)
     deepspeed = use_deepspeed(rl.deepspeed)
-    prepare_environment(deepspeed)
+    resources.enter_context(process_environment(deepspeed))  # left until the engine has closed
     if not deepspeed and world_size() > 1:
         raise ValueError("several processes train together only through DeepSpeed: "
                          "set rl.deepspeed to auto or always")
