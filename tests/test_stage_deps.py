@@ -74,7 +74,7 @@ def test_the_closure_follows_lazy_imports_and_stops_at_what_a_stage_never_runs()
     # SFT's loss, its adapters, the ODT feedback of its revision dialogues, the evaluation it runs:
     # each imported inside a function body
     assert {"train/logprobs.py", "train/lora.py", "train/sft.py", "odt/feedback.py", "eval/runner.py"} <= sft
-    assert not {"train/trainer.py", "train/losses.py", "train/rl_run.py", "train/rollouts.py"} & sft  # RL only
+    assert not {"train/trainer.py", "train/losses.py", "train/rl_run.py", "train/step_batch.py"} & sft  # RL only
     train = _files("dvc.yaml", "train")
     assert {"train/trainer.py", "train/losses.py", "train/logprobs.py", "configs/deepspeed/zero2.json"} <= train
     assert not any(f.startswith(("train/", "eval/", "configs/")) for f in _files("dvc.yaml", "build_data"))

@@ -26,7 +26,7 @@ import torch
 from progress_sql.corpus.records import Example
 from progress_sql.params import Settings
 from progress_sql.train.questions import round_questions
-from progress_sql.train.rollouts import StepBatch, joined
+from progress_sql.train.step_batch import StepBatch, joined
 
 # (questions, draw, first group id) → that draw's groups
 SampleDraw = Callable[[list[Example], int, int], StepBatch]

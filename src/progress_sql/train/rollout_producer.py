@@ -56,7 +56,7 @@ import torch.multiprocessing as mp
 from progress_sql.corpus.records import Example
 from progress_sql.inference.lora import merged_weights
 from progress_sql.params import Settings
-from progress_sql.train.rollouts import StepBatch
+from progress_sql.train.step_batch import StepBatch
 from progress_sql.train.weight_board import POLL_S, WeightBoard
 
 PROCESS_NAME = "rollout-producer"
@@ -313,7 +313,7 @@ def _produce_steps(spec: ProducerSpec, board: WeightBoard, out: Any, stop: Any,
     from progress_sql.train.dynamic_sampling import sampled_step  # noqa: PLC0415
     from progress_sql.train.questions import step_stride  # noqa: PLC0415
     from progress_sql.train.rl_run import env_factory_for  # noqa: PLC0415
-    from progress_sql.train.rollouts import sample_step, step_seed  # noqa: PLC0415
+    from progress_sql.train.step_batch import sample_step, step_seed  # noqa: PLC0415
     from progress_sql.train.trajectories import max_sequence_tokens  # noqa: PLC0415
 
     settings = spec.settings

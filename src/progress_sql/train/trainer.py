@@ -44,7 +44,7 @@ same function.
 
 Around the loop: ``train.rl_run`` opens the run (``RLRun``: policy, engine, sampler, reward,
 environments), ``train.questions`` picks and orders its questions, ``train.resume`` holds its
-state (``RLState``) and decides whether it goes on from a checkpoint, ``train.rollouts`` samples
+state (``RLState``) and decides whether it goes on from a checkpoint, ``train.step_batch`` samples
 a step's groups, ``train.dynamic_sampling`` draws them and picks those the update trains on,
 ``train.check`` checks the policy on unseen questions and keeps the best. With ``rl.async`` a
 producer process (``train.rollout_producer``) samples the next steps while the loop updates,
@@ -85,7 +85,7 @@ from progress_sql.train.questions import SOLVED_QUESTIONS_FILE, rl_questions, st
 from progress_sql.train.resume import RLState, resumed_state
 from progress_sql.train.rl_run import RLRun, open_run
 from progress_sql.train.rollout_producer import ProducerSpec, RolloutProducer
-from progress_sql.train.rollouts import StepBatch, sample_step, step_seed
+from progress_sql.train.step_batch import StepBatch, sample_step, step_seed
 from progress_sql.train.samples import episode_view, spread
 from progress_sql.train.trajectories import TokenizedTrajectory
 
@@ -176,7 +176,7 @@ def start_or_resume(run: RLRun, resume: bool | str | Path) -> tuple[RLState, str
 def rollout_step(run: RLRun, train: list[Example], state: RLState) -> StepBatch:
     """Step ``state.step``'s groups from the next questions of ``train`` (eval mode; ZeRO-3
     gathers the full weights for the sampler): G episodes of each question, scored by the
-    recipe, tokenised, with their group advantages (``train.rollouts``); with
+    recipe, tokenised, with their group advantages (``train.step_batch``); with
     rl.dynamic_sampling, drawn until enough groups have a signal (``train.dynamic_sampling``).
     The data position moves past the step."""
     s = run.settings
