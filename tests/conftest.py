@@ -10,6 +10,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under `make test` two workers run torch on two threads each over two cores. OpenMP's threads
+# spin while they wait for work, on a core the other worker's threads need: eight steps of a
+# tiny RL run took 21 s alone and 250 s beside a second run, 23 s with threads that sleep
+# instead. Set before a worker (or a process it starts) loads OpenMP with torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 # A few real rows for three Spider schemas of ../shared/conformance/spider/tables.json.
 SPIDER_ROWS = {
