@@ -204,6 +204,7 @@ def test_rl_with_vllm_rollouts_trains_syncs_each_step_and_a_killed_engine_fails_
             for proc in backend.engine_processes:
                 proc.kill()
 
+    threads_before = set(threading.enumerate())  # earlier tests in this worker may have left idle pools
     started = time.monotonic()
     with pytest.raises(VLLMEngineDied, match="engine process .* exited"):
         run_rl(s, corpus, out_dir=tmp_path, progress=False, on_step=on_step)
@@ -233,7 +234,7 @@ def test_rl_with_vllm_rollouts_trains_syncs_each_step_and_a_killed_engine_fails_
         if thread.name.startswith("vllm-"):
             thread.join(timeout=10)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("vllm-") and t.is_alive()]
-    assert not [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    assert not [t.name for t in set(threading.enumerate()) - threads_before if not t.daemon]
     assert backend.llm is None  # closed
 
 
