@@ -13,8 +13,10 @@ of its own, old against new in the same run:
   step of the plain engine, the two alternating ``--repeats`` times; median update tokens/s
   (goal ≥ 1.5×), and how far bf16's log-probabilities are from fp32's.
 - ``sft``: ``--sft-steps`` SFT steps of the preset (batches of 8 from one database) as before
-  (no layer checkpointing, glibc's heap as it comes) and as now (``sft.gradient_checkpointing``
-  and large blocks mapped: ``train.memory``): peak resident memory (VmHWM; goal ≤ 3 GB),
+  (no layer checkpointing, glibc's heap as it comes, autocast's cache of bf16 weights) and as now
+  (``sft.gradient_checkpointing``, large blocks mapped and the freed heap given back after each
+  step: ``train.memory``; no cache of weight casts: ``train.precision``): peak resident memory
+  (VmHWM; goal ≤ 3 GB),
   sequence tokens/s, and the losses of the first and last step, which must agree.
 - ``eval``: greedy evaluation of ``--questions-eval`` questions (in-domain, dev, test in turn) with
   vLLM, its own binding against every core: seconds (goal ≤ 3 min for 1,000).
@@ -167,8 +169,12 @@ def part_sft(args: argparse.Namespace) -> dict:
     examples = 8 * args.sft_steps
     s = _settings(work, **{"sft.max_examples": examples, "sft.epochs": 1.0, "sft.gradient_checkpointing": new,
                            "sft.own_mistakes.questions": 0})  # the steps alone: the second pass samples first
-    if not new:
-        sft_module.map_large_blocks = lambda: False  # glibc's heap as it was
+    if not new:  # glibc's heap as it was, the bf16 weight casts cached
+        from progress_sql.train import precision
+
+        sft_module.map_large_blocks = sft_module.release_free_heap = lambda: False
+        sft_module.training_autocast = lambda mode, device, weights: precision.autocast(
+            device, precision.autocast_dtype(mode, device, weights))
     result = sft_module.run_sft(s, work / "corpus", out_dir=work / f"sft-{args.variant}", progress=False)
     return {"variant": args.variant, "peak_gib": _peak_rss_gib(), "steps": result.steps, "seconds": result.seconds,
             "sequence_tokens_per_s": result.metrics["sequence_tokens_per_s"], "first_loss": result.losses[0],

@@ -22,6 +22,8 @@ def test_modes_resolve_to_bf16_only_for_fp32_weights_on_a_device_that_has_it():
     assert autocast_dtype("auto", CPU, torch.bfloat16) is None  # low-precision weights as they are
     with training_autocast("bf16", CPU, torch.float32):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        # with SFT's layers checkpointed the cache alone would hold a bf16 copy of every weight
+        assert not torch.is_autocast_cache_enabled()
     with pytest.raises(ValueError, match="auto, bf16 or off"):
         autocast_dtype("fp8", CPU)
 
@@ -66,3 +68,4 @@ def test_choosing_bf16_bounds_the_kernels_compiled_per_shape():
         assert out.returncode == 0, out.stderr[-2000:]
         growth[arm] = float(out.stdout.split()[-1])
     assert growth["bf16"] < 100 < 300 < growth["plain"], growth
+

@@ -35,6 +35,7 @@ import torch
 
 from progress_sql.params import PACKAGE_CONFIGS, RLSettings
 from progress_sql.train.lora import save_policy
+from progress_sql.train.memory import release_free_heap
 from progress_sql.train.precision import autocast, autocast_dtype
 
 EXTENSIONS_CACHE = Path("~/.cache/progress_sql/torch_extensions").expanduser()
@@ -132,7 +133,8 @@ def lr_lambda(rl: RLSettings, total_updates: int) -> Callable[[int], float]:
 
 # ----------------------------------------------------------------------------- engines
 class TorchEngine:
-    """Plain torch: AdamW, gradient accumulation until the batch's last micro-batch, clipping."""
+    """Plain torch: AdamW, gradient accumulation until the batch's last micro-batch, clipping;
+    after each step the heap's free pages go back to the system (``train.memory``)."""
 
     kind = "torch"
     zero_stage = 0
@@ -173,6 +175,7 @@ class TorchEngine:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        release_free_heap()
         return True
 
     @property

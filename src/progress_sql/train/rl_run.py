@@ -26,6 +26,7 @@ from progress_sql.inference.policy import ChatModel
 from progress_sql.params import Settings
 from progress_sql.train.distributed import Engine, make_engine, process_environment, rank, use_deepspeed, world_size
 from progress_sql.train.lora import refuse_a_tied_head_its_sampler_drops, with_lora
+from progress_sql.train.memory import map_large_blocks
 from progress_sql.train.packing import use_packed_attention
 from progress_sql.train.question_scores import train_questions
 from progress_sql.train.resume import run_fingerprint
@@ -97,6 +98,7 @@ def open_run(settings: Settings, layout: CorpusLayout, out: Path, resources: con
         raise ValueError("several processes train together only through DeepSpeed: "
                          "set rl.deepspeed to auto or always")
     seed_everything(rl.seed)
+    map_large_blocks()  # freed activations leave the process (train.memory), as in SFT
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
     if torch.cuda.is_available():

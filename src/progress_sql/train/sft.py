@@ -61,7 +61,7 @@ from progress_sql.train.logprobs import token_logprobs
 from progress_sql.train.packing import MIN_SHARED, QUERY_BLOCK, token_batch
 from progress_sql.train.precision import training_autocast
 from progress_sql.train.lora import is_lora, save_policy, with_lora
-from progress_sql.train.memory import map_large_blocks
+from progress_sql.train.memory import map_large_blocks, release_free_heap
 from progress_sql.train.tiny import copy_loss, ordinary_ids
 from progress_sql.train.trajectories import TokenizedTrajectory
 
@@ -498,6 +498,7 @@ def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]
                 total_loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
                 optimizer.step()
+                release_free_heap()
                 done.losses.append(float(loss.detach()))
                 done.tokens += processed
                 done.sequence_tokens += sum(lengths[i] for i in batch)
