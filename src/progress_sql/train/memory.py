@@ -39,10 +39,10 @@ def map_large_blocks() -> bool:
 
 def release_free_heap() -> bool:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``), once a training
-    step has freed what it allocated; False where the C library is not glibc. Blocks below
-    ``MMAP_THRESHOLD`` come from the heap's arenas, and what a step frees there stays resident:
-    SmolLM2's SFT crept up ~6 MB a step without it, flat with it; RL's trainer held 6.5 GiB between
-    steps without it, 2.5 with it (docs/experiments/2026-12-07-training-memory.md)."""
+    step has freed what it allocated; whether any went back (False where the C library is not
+    glibc). Blocks below ``MMAP_THRESHOLD`` come from the heap's arenas, and what a step frees
+    there stays resident: SmolLM2's SFT crept up ~6 MB a step without it, flat with it; RL's
+    trainer held 6.5 GiB between steps without it, 2.5 with it
+    (docs/experiments/2026-12-07-training-memory.md)."""
     malloc_trim = _glibc_function("malloc_trim")
     return malloc_trim is not None and bool(malloc_trim(0))
-
