@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import time
 from collections.abc import Callable
 
 # Blocks of 1 MiB and more get their own mapping: a SmolLM2 activation of one token row is 1.1 KB
 # (576 bf16 values), of a batch megabytes; below this, the heap (fast, and what Python objects use).
 MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+# A trim and the page faults after it cost a tiny model's step (tens of ms) a third of its time
+# when done every step; SmolLM2's steps take seconds. At most one a second bounds both.
+RELEASE_INTERVAL_S = 1.0
+_last_release = float("-inf")
 
 
 def _glibc_function(name: str) -> Callable[..., int] | None:
@@ -43,6 +48,11 @@ def release_free_heap() -> bool:
     glibc). Blocks below ``MMAP_THRESHOLD`` come from the heap's arenas, and what a step frees
     there stays resident: SmolLM2's SFT crept up ~6 MB a step without it, flat with it; RL's
     trainer held 6.5 GiB between steps without it, 2.5 with it
-    (docs/experiments/2026-12-07-training-memory.md)."""
+    (docs/experiments/2026-12-07-training-memory.md). At most once every ``RELEASE_INTERVAL_S``."""
+    global _last_release
+    now = time.monotonic()
+    if now - _last_release < RELEASE_INTERVAL_S:
+        return False
+    _last_release = now
     malloc_trim = _glibc_function("malloc_trim")
     return malloc_trim is not None and bool(malloc_trim(0))
