@@ -20,7 +20,7 @@ Flows, served as deployments by ``flows/serve.py``:
 - ``training-pipeline``: the whole chain (``run_sft=False`` starts RL from ``rl.init_from``);
 - ``evaluate-model``: ``progress-sql eval`` of a policy folder or ``models:/name@alias``;
 - ``promote-model``: ``progress-sql registry promote`` (the champion alias to a version);
-- ``compare-methods``: ``progress-sql compare-run`` (a comparison of configs/comparisons/: each
+- ``run-study``: ``progress-sql study`` (a study of configs/studies/: each
   shared stage and each arm × seed a task run, one report).
 """
 
@@ -35,8 +35,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from progress_sql import comparisons, stages
-from progress_sql.comparisons.spec import comparisons_dir
+from progress_sql import stages, studies
+from progress_sql.studies.spec import studies_dir
 from progress_sql.params import NO_PRESET, Settings, load_settings, preset_names, presets_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,21 +47,21 @@ NO_OVERRIDES: dict[str, Any] = {}
 # draws a drop-down of them); "none" is params.yaml as it is.
 PRESETS: tuple[str, ...] = (NO_PRESET, *preset_names(presets_dir(REPO / "params.yaml")))
 Preset = Literal[PRESETS]  # type: ignore[valid-type]
-# The compare-methods form: its scale is a drop-down of the presets that name no method (none,
+# The run-study form: its scale is a drop-down of the presets that name no method (none,
 # cpu-demo, cpu-long; the method presets are the arms'), its arms a multi-select of the arms of
-# the shipped comparisons (configs/comparisons/; empty: all the comparison's arms). A form cannot
-# narrow one field's choices by another's: comparisons.make_plan, the flow's first step, refuses
-# an arm the chosen comparison lacks before any task runs.
-SCALES: tuple[str, ...] = comparisons.scale_names(presets_dir(REPO / "params.yaml"))
+# the shipped studies (configs/studies/; empty: all the study's arms). A form cannot
+# narrow one field's choices by another's: studies.make_plan, the flow's first step, refuses
+# an arm the chosen study lacks before any task runs.
+SCALES: tuple[str, ...] = studies.scale_names(presets_dir(REPO / "params.yaml"))
 Scale = Literal[SCALES]  # type: ignore[valid-type]
-ARMS: tuple[str, ...] = comparisons.arm_names(comparisons_dir(REPO / "params.yaml"))
+ARMS: tuple[str, ...] = studies.arm_names(studies_dir(REPO / "params.yaml"))
 ArmName = Literal[ARMS]  # type: ignore[valid-type]
 ALL_ARMS: list[str] = []
 NO_BUDGET: dict[str, Any] = {}
 # The settings paths a pipeline run writes; with a work_dir each relative one is placed under
 # it. An init_from that names one of them (the pipeline's own model) follows it there.
 WORK_DIR_PATHS = ("data.out_dir", "model.base_dir", "sft.out_dir", "rl.scores.out_dir", "rl.out_dir", "eval.out_dir",
-                  "eval.zero_shot_out_dir", "eval.sft_out_dir", "tracking.model_cache_dir", "compare.out_dir", "compare.shared_dir", "compare.report_dir")
+                  "eval.zero_shot_out_dir", "eval.sft_out_dir", "tracking.model_cache_dir", "study.out_dir", "study.shared_dir", "study.report_dir")
 FOLLOWS = {"sft.init_from": "model.base_dir", "rl.init_from": "sft.out_dir"}
 # The retries of the registry tasks (see the module docstring).
 REGISTRY_RETRIES = 2
@@ -387,29 +387,29 @@ def promote_model(
     return promote(resolve_settings(params, overrides, preset, work_dir, mlruns_in_work_dir), version)
 
 
-# ----------------------------------------------------------------------------- comparisons
+# ----------------------------------------------------------------------------- studies
 @task(name="build-shared", task_run_name="shared-{key}", cache_policy=NO_CACHE)
-def build_shared(plan: comparisons.Plan, key: str) -> str:
+def build_shared(plan: studies.Plan, key: str) -> str:
     """A corpus, tiny policy or SFT checkpoint that several arms read, built once (or reused)."""
-    return comparisons.build_shared(plan, key, get_run_logger().info)
+    return studies.build_shared(plan, key, get_run_logger().info)
 
 
 @task(name="arm-seed", task_run_name="{job.arm} seed {job.seed}", cache_policy=NO_CACHE)
-def run_arm(plan: comparisons.Plan, job: comparisons.Job, parent_run_id: str | None) -> dict[str, Any]:
-    """``progress-sql compare-run``'s job: RL then evaluation of one arm × seed; a failure fails
+def run_arm(plan: studies.Plan, job: studies.Job, parent_run_id: str | None) -> dict[str, Any]:
+    """``progress-sql study``'s job: RL then evaluation of one arm × seed; a failure fails
     this task run (the others go on, the report names it)."""
-    if plan.base.compare.max_parallel > 1:
-        result = comparisons.run_job_isolated(plan, job, parent_run_id)
+    if plan.base.study.max_parallel > 1:
+        result = studies.run_job_isolated(plan, job, parent_run_id)
     else:
-        result = comparisons.run_job(plan, job, parent_run_id, get_run_logger().info)
+        result = studies.run_job(plan, job, parent_run_id, get_run_logger().info)
     if result.status != "done":
         raise StageFailed(f"{job.label}: {result.error}")
     return {"arm": result.arm, "seed": result.seed, "metrics": result.metrics}
 
 
-@flow(name="compare-methods")
-def compare_methods(
-    comparison: str = "methods",
+@flow(name="run-study")
+def run_study(
+    study: str = "methods",
     preset: Scale = "cpu-demo",
     arms: list[ArmName] = ALL_ARMS,
     seeds: int = 0,
@@ -419,18 +419,18 @@ def compare_methods(
     params: str = "params.yaml",
     mlruns_in_work_dir: bool = False,
 ) -> dict[str, Any]:
-    """A budget-matched comparison (``progress-sql compare-run``): every arm × seed trained and
-    evaluated on one budget, the shared corpus and SFT built once, one report (reports/compare/NAME/,
-    the ``comparison`` artifact, and the MLflow parent run ``compare-NAME``). A rerun runs only the
+    """A budget-matched study (``progress-sql study``): every arm × seed trained and
+    evaluated on one budget, the shared corpus and SFT built once, one report (reports/studies/NAME/,
+    the ``study`` artifact, and the MLflow parent run ``study-NAME``). A rerun runs only the
     missing arms. Returns the table.
 
     Args:
-        comparison: A comparison of configs/comparisons/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants; async: Progress-SQL with synchronous against asynchronous rollouts) or the path of a YAML file.
-        preset: The scale every arm runs at: cpu-demo, the CPU demo (the comparison's cpu-demo budget); cpu-long, the hour-long CPU sizes; cpu-smollm2, SmolLM2-135M-Instruct (pick two arms); none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
-        arms: The arms to run, by name, the first the one the others are tested against (at least two); empty: all of them. The list offers the arms of every shipped comparison (methods: progress-sql, oneshot, reasoning-sql, sql-trail, skyrl-sql; ablations: progress-sql, no-align, no-decay, no-exec-status, single-turn; async: sync, async): pick the chosen comparison's. Another comparison's arm stops the run before anything runs, with a message naming the comparison's arms.
-        seeds: How many seeds: 1..N; 0: the comparison's.
+        study: A study of configs/studies/ (methods: the five methods; ablations: Progress-SQL and its Table 3 variants; async: Progress-SQL with synchronous against asynchronous rollouts) or the path of a YAML file.
+        preset: The scale every arm runs at: cpu-demo, the CPU demo (the study's cpu-demo budget); cpu-long, the hour-long CPU sizes; cpu-smollm2, SmolLM2-135M-Instruct (pick two arms); none: the papers' protocols as they are (7B model, GPUs). The methods are the arms'.
+        arms: The arms to run, by name, the first the one the others are tested against (at least two); empty: all of them. The list offers the arms of every shipped study (methods: progress-sql, oneshot, reasoning-sql, sql-trail, skyrl-sql; ablations: progress-sql, no-align, no-decay, no-exec-status, single-turn; async: sync, async): pick the chosen study's. Another study's arm stops the run before anything runs, with a message naming the study's arms.
+        seeds: How many seeds: 1..N; 0: the study's.
         budget: Budget keys to override, as JSON, e.g. {"steps": 5} (trajectories_per_step, group_size, steps, max_minutes, seeds, splits, eval_max_examples).
-        work_dir: Folder of the comparison's outputs and report, relative to the repository root or absolute; empty: the repository's own folders.
+        work_dir: Folder of the study's outputs and report, relative to the repository root or absolute; empty: the repository's own folders.
         overrides: Dotted settings keys for every arm, as JSON, under the budget, e.g. {"rl.lr": 0.0002}.
         params: The settings file, relative to the repository root.
         mlruns_in_work_dir: Keep the MLflow store in work_dir/mlruns too; off: the project's store.
@@ -442,22 +442,22 @@ def compare_methods(
     start = time.monotonic()
     overrides = dict(overrides or {})
     moved = work_dir_overrides(load_settings(params, overrides, preset=preset), work_dir, mlruns_in_work_dir)
-    plan = comparisons.make_plan(comparison, params, preset, overrides={**overrides, **moved}, arms=list(arms),
+    plan = studies.make_plan(study, params, preset, overrides={**overrides, **moved}, arms=list(arms),
                                  budget_overrides={**budget, **({"seeds": seeds} if seeds else {})})
     logger = get_run_logger()
-    todo, shared = comparisons.pending(plan)
-    logger.info("comparison %s at scale %s: %d arm × seed runs, %d done before; %s", plan.name, plan.scale,
+    todo, shared = studies.pending(plan)
+    logger.info("study %s at scale %s: %d arm × seed runs, %d done before; %s", plan.name, plan.scale,
                 len(plan.jobs), len(plan.jobs) - len(todo), " ".join(plan.notes[:2]))
-    with tracking.run_source(run_source()), comparisons.comparison_run(plan, run_tags(preset)) as parent:
+    with tracking.run_source(run_source()), studies.study_run(plan, run_tags(preset)) as parent:
         for key in shared:
             build_shared(plan, key)
-        step = plan.base.compare.max_parallel  # as many arm × seed task runs at once
+        step = plan.base.study.max_parallel  # as many arm × seed task runs at once
         for first in range(0, len(todo), step):
             futures = [run_arm.submit(plan, job, parent) for job in todo[first:first + step]]
             for future in futures:
                 future.wait()
-        outcome = comparisons.finish(plan, parent, time.monotonic() - start, logger.info)
-    create_markdown_artifact(key="comparison", description=f"{plan.name} at {plan.scale}",
+        outcome = studies.finish(plan, parent, time.monotonic() - start, logger.info)
+    create_markdown_artifact(key="study", description=f"{plan.name} at {plan.scale}",
                              markdown=(outcome.report_dir / "report.md").read_text(encoding="utf-8"))
     if outcome.failures:
         raise StageFailed(f"{len(outcome.failures)} run(s) failed (the report holds the others; run again for "

@@ -14,8 +14,8 @@ Then in the UI: Deployments → ``training-pipeline`` → Run → Custom run. Th
 default run (``preset`` none: params.yaml, SmolLM2-135M-Instruct, about 50 minutes on 2 cores;
 ``work_dir`` runs/default: nothing written into the repository's data/, outputs/ or reports/);
 pick ``cpu-demo`` for the tiny policy in about a minute. Runs execute in this process's
-machine, in the repository root, one at a time (``--limit``). ``compare-methods`` runs a
-comparison of configs/comparisons/ (the form: the comparison, the scale, the arms, the number of
+machine, in the repository root, one at a time (``--limit``). ``run-study`` runs a
+study of configs/studies/ (the form: the study, the scale, the arms, the number of
 seeds, budget overrides), each arm × seed a task run.
 """
 
@@ -33,14 +33,14 @@ if __package__ in (None, ""):  # run as `python flows/serve.py`
 from prefect import serve  # noqa: E402
 from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 
-from flows.pipeline import compare_methods, evaluate_model, promote_model, training_pipeline  # noqa: E402
+from flows.pipeline import evaluate_model, promote_model, run_study, training_pipeline  # noqa: E402
 from progress_sql.servers import DEPLOYMENTS  # noqa: E402  (the names `progress-sql ui` waits for)
 
 # What the Custom run form starts with: the default run (params.yaml: SmolLM2, ~50 min on 2 cores)
-# in its own folder; the comparison at the real model's scale, on the two arms the paper's
+# in its own folder; the study at the real model's scale, on the two arms the paper's
 # question needs (all five would take hours on a CPU).
 FORM_DEFAULTS = {"preset": "none", "work_dir": "runs/default"}
-COMPARISON_DEFAULTS = {"comparison": "methods", "preset": "cpu-smollm2", "arms": ["progress-sql", "oneshot"],
+STUDY_DEFAULTS = {"study": "methods", "preset": "cpu-smollm2", "arms": ["progress-sql", "oneshot"],
                        "work_dir": "runs/default"}
 
 
@@ -51,7 +51,7 @@ def deployments() -> list[RunnerDeployment]:
         training_pipeline.to_deployment(name="training-pipeline", tags=tags, parameters=FORM_DEFAULTS),
         evaluate_model.to_deployment(name="evaluate-model", tags=tags, parameters=FORM_DEFAULTS),
         promote_model.to_deployment(name="promote-model", tags=tags, parameters=FORM_DEFAULTS),
-        compare_methods.to_deployment(name="compare-methods", tags=tags, parameters=COMPARISON_DEFAULTS),
+        run_study.to_deployment(name="run-study", tags=tags, parameters=STUDY_DEFAULTS),
     ]
     assert tuple(d.name for d in built) == DEPLOYMENTS
     return built

@@ -3,7 +3,7 @@
 Starts a throwaway stack (progress_sql.servers, as ``progress-sql ui`` does, with its state in a
 temporary folder): an MLflow server, a Prefect server and ``flows/serve.py``. ``pipeline``: runs
 the ``training-pipeline`` deployment twice with the cpu-demo preset (about a minute each on a
-CPU; the second with the one-shot recipe, for a comparison), then photographs
+CPU; the second with the one-shot recipe, for a study), then photographs
 
     mlflow-home.png           MLflow's first page (the URL `progress-sql ui` prints)
     prefect-deployments.png   the Prefect UI's deployments page: the four served deployments
@@ -15,12 +15,12 @@ CPU; the second with the one-shot recipe, for a comparison), then photographs
     mlflow-pipeline-run.png   the MLflow pipeline run of the first flow run: Prefect tags, stage runs
     mlflow-model.png          the registered model progress-sql-policy-demo: versions, @champion
 
-``compare``: runs the ``compare-methods`` deployment as its form does (the ``methods``
-comparison at the cpu-demo scale, arms progress-sql and oneshot, one seed: a few minutes), then
+``compare``: runs the ``run-study`` deployment as its form does (the ``methods``
+study at the cpu-demo scale, arms progress-sql and oneshot, one seed: a few minutes), then
 
-    prefect-compare-form.png  compare-methods → Run → Custom run: the comparison, scale, arms, seeds
-    prefect-comparison.png    the run's ``comparison`` artifact: the table and the figures inlined
-    mlflow-comparison.png     the MLflow parent run compare-methods: the table, the budget, the arms
+    prefect-compare-form.png  run-study → Run → Custom run: the study, scale, arms, seeds
+    prefect-study.png    the run's ``study`` artifact: the table and the figures inlined
+    mlflow-study.png     the MLflow parent run study-methods: the table, the budget, the arms
     mlflow-compare-arms.png   MLflow's Compare view of the two arm runs: EX in the parallel
                               coordinates, the key settings, the metrics, the reports side by side
 
@@ -64,9 +64,9 @@ COMPARE_WINDOW = "1400,2400"
 MODEL = "progress-sql-policy-demo"  # the cpu-demo preset's registered model
 # The two runs: the demo as the form starts it, and the same with the one-shot baseline.
 RUNS = ({}, {"rl.recipe": "oneshot", "rl.env": "single_turn"})
-# The comparison as a user picks it on the compare-methods form: two arms of `methods`, one seed.
-COMPARISON = {"comparison": "methods", "preset": "cpu-demo", "arms": ["progress-sql", "oneshot"], "seeds": 1}
-TALL_WINDOW = "1400,1700"  # the comparison artifact and the parent run: table, then figures or params
+# The study as a user picks it on the run-study form: two arms of `methods`, one seed.
+STUDY = {"study": "methods", "preset": "cpu-demo", "arms": ["progress-sql", "oneshot"], "seeds": 1}
+TALL_WINDOW = "1400,1700"  # the study artifact and the parent run: table, then figures or params
 WAIT_S = 10.0  # the time a page gets to fetch its data and fade in
 
 
@@ -242,24 +242,24 @@ def _pipeline_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, s
 
 
 def _compare_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, started: float) -> list[Shot]:
-    print(f"running compare-methods {COMPARISON} ...")
-    run_id = _run(stack, ids["compare-methods"], {**COMPARISON, "work_dir": str(state / "work-compare")}, started)
-    artifact = _artifact_id(stack.api, run_id, "comparison")
+    print(f"running run-study {STUDY} ...")
+    run_id = _run(stack, ids["run-study"], {**STUDY, "work_dir": str(state / "work-compare")}, started)
+    artifact = _artifact_id(stack.api, run_id, "study")
     experiment, (parent,) = _pipeline_runs(mlflow.url, [run_id])
     arms = _arm_runs(mlflow.url, experiment, parent)
     mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
     compared = quote(json.dumps(arms)), quote(json.dumps([experiment]))
     return [
-        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['compare-methods']}/run"),
-        Shot("prefect-comparison.png", f"{stack.url}/artifacts/artifact/{artifact}", TALL_WINDOW),
-        Shot("mlflow-comparison.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{parent}?{ML_VIEW}", TALL_WINDOW),
+        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['run-study']}/run"),
+        Shot("prefect-study.png", f"{stack.url}/artifacts/artifact/{artifact}", TALL_WINDOW),
+        Shot("mlflow-study.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{parent}?{ML_VIEW}", TALL_WINDOW),
         Shot("mlflow-compare-arms.png",
              f"{mlflow_ui}/#/compare-runs?runs={compared[0]}&experiments={compared[1]}&{ML_VIEW}", COMPARE_WINDOW),
     ]
 
 
 def _arm_runs(mlflow_url: str, experiment: str, parent: str) -> list[str]:
-    """The ids of a comparison's arm × seed runs, in the order they ran."""
+    """The ids of a study's arm × seed runs, in the order they ran."""
     from mlflow.tracking import MlflowClient
 
     runs = MlflowClient(mlflow_url).search_runs(

@@ -7,9 +7,9 @@ module of the package reachable from them through imports, those inside function
 followed one function at a time; any other module counts whole. Blocks under
 ``if TYPE_CHECKING:`` never run and are skipped. The package's data files count where a module
 that runs reads them (``MODULE_DATA``) or where the command names them (``--preset``,
-``compare-run NAME``).
+``study NAME``).
 
-The script owns the deps under ``src/`` of each stage of dvc.yaml and comparisons/dvc.yaml;
+The script owns the deps under ``src/`` of each stage of dvc.yaml and studies/dvc.yaml;
 their other deps (the corpus, a policy, a report) are kept as written, comments included:
 
     python scripts/stage_deps.py           # rewrite the code deps in place
@@ -29,16 +29,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "src" / "progress_sql"
-PIPELINES = ("dvc.yaml", "comparisons/dvc.yaml")
+PIPELINES = ("dvc.yaml", "studies/dvc.yaml")
 CODE_PREFIX = "src/"  # a dep under it is code or package data: this script's to write
 # Followed one function at a time: each command and each stage is one function of these.
 PER_FUNCTION = ("progress_sql.cli", "progress_sql.stages")
 # Package data (relative to the package) that a module reads whenever it runs.
 MODULE_DATA = {"progress_sql.train.distributed": ("configs/deepspeed",)}  # rl.deepspeed_config's ZeRO files
 PRESET_FILE = "configs/presets/{}.yaml"
-# Package data a command reads by the name its first argument gives: a comparison file, and
+# Package data a command reads by the name its first argument gives: a study file, and
 # the presets its arms name.
-ARGUMENT_DATA = {"progress_sql.cli.compare_run:compare_run": ("configs/comparisons/{}.yaml", "configs/presets")}
+ARGUMENT_DATA = {"progress_sql.cli.study:study": ("configs/studies/{}.yaml", "configs/presets")}
 CODE_COMMENT = "# code: what the command imports and reads (scripts/stage_deps.py writes the lines below)"
 
 

@@ -22,7 +22,7 @@ def test_the_async_section_is_off_by_default_and_keyed_async():
     s = settings_from_dict({}, overrides={"rl.async.enabled": True, "rl.async.max_staleness": 2})
     assert s.rl.async_.enabled and s.rl.async_.max_staleness == 2
     assert RLSettings(async_={"enabled": True}).async_.enabled  # by name in Python
-    assert settings_from_dict(s.model_dump(mode="json")) == s  # a dump reads back (comparisons, settings.json)
+    assert settings_from_dict(s.model_dump(mode="json")) == s  # a dump reads back (studies, settings.json)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -212,14 +212,14 @@ def test_a_preset_with_a_duplicate_key_is_an_error_naming_its_file(tmp_path: Pat
         load_settings(PARAMS, preset=str(preset))
 
 
-def test_a_comparison_file_with_a_duplicate_key_is_an_error(tmp_path: Path):
-    from progress_sql.comparisons.spec import ComparisonError, load_comparison
+def test_a_study_file_with_a_duplicate_key_is_an_error(tmp_path: Path):
+    from progress_sql.studies.spec import StudyError, load_study
 
     path = tmp_path / "mine.yaml"
-    path.write_text((REPO / "configs" / "comparisons" / "methods.yaml").read_text(encoding="utf-8")
+    path.write_text((REPO / "configs" / "studies" / "methods.yaml").read_text(encoding="utf-8")
                     + "description: again\n", encoding="utf-8")
-    with pytest.raises(ComparisonError, match=r"duplicate key 'description' at line \d+ \(first at line \d+\)"):
-        load_comparison(str(path))
+    with pytest.raises(StudyError, match=r"duplicate key 'description' at line \d+ \(first at line \d+\)"):
+        load_study(str(path))
 
 
 def test_yaml_without_duplicates_still_reads_merge_keys_and_aliases():

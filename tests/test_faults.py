@@ -433,13 +433,13 @@ def test_what_a_killed_writer_left_aside_is_removed_by_the_next(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "ev"])
 
 
-def test_a_comparison_report_that_fails_to_write_keeps_the_previous_one(tmp_path: Path, monkeypatch) -> None:
-    from progress_sql.comparisons import make_plan
-    from progress_sql.comparisons import report
-    from progress_sql.comparisons.run import collect
+def test_a_study_report_that_fails_to_write_keeps_the_previous_one(tmp_path: Path, monkeypatch) -> None:
+    from progress_sql.studies import make_plan
+    from progress_sql.studies import report
+    from progress_sql.studies.run import collect
 
     params = tmp_path / "params.yaml"
-    params.write_text(json.dumps({"compare": {"report_dir": str(tmp_path / "reports"),
+    params.write_text(json.dumps({"study": {"report_dir": str(tmp_path / "reports"),
                                               "out_dir": str(tmp_path / "runs")}}))
     plan = make_plan("ablations", params, "cpu-demo", arms=["no-decay", "progress-sql"], budget_overrides={"seeds": 1})
     report.write_report(plan, collect(plan), 60.0)

@@ -247,32 +247,32 @@ def test_a_corpus_that_fails_validation_stops_with_every_failed_expectation(pref
     assert json.loads((tmp_path / "reports" / "validation.json").read_text())["success"] is False
 
 
-def test_an_arm_of_another_comparison_is_refused_before_any_task(prefect_api, tmp_path):
-    """The form offers the arms of every shipped comparison (a Prefect form cannot narrow one
-    field's choices by another's): an arm the chosen comparison lacks stops the flow at its start,
-    before any task runs or anything is written, naming the comparison's own arms."""
+def test_an_arm_of_another_study_is_refused_before_any_task(prefect_api, tmp_path):
+    """The form offers the arms of every shipped study (a Prefect form cannot narrow one
+    field's choices by another's): an arm the chosen study lacks stops the flow at its start,
+    before any task runs or anything is written, naming the study's own arms."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.pipeline import compare_methods
+    from flows.pipeline import run_study
 
     work = tmp_path / "work"
-    state = compare_methods(comparison="methods", preset="cpu-demo", arms=["progress-sql", "sync"], work_dir=str(work),
+    state = run_study(study="methods", preset="cpu-demo", arms=["progress-sql", "sync"], work_dir=str(work),
                             mlruns_in_work_dir=True, return_state=True)
     assert state.is_failed()
-    assert ("no arm named 'sync' in this comparison; its arms: progress-sql, oneshot, reasoning-sql, sql-trail, "
+    assert ("no arm named 'sync' in this study; its arms: progress-sql, oneshot, reasoning-sql, sql-trail, "
             "skyrl-sql") in state.message
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     assert tasks == [] and not work.exists()
     from prefect.utilities.callables import parameter_schema
 
-    described = parameter_schema(compare_methods).model_dump()["properties"]["arms"]["description"]
-    assert "stops the run before anything runs" in described and "the chosen comparison's" in described
-    from progress_sql.comparisons.spec import comparison_names, comparisons_dir, load_comparison
+    described = parameter_schema(run_study).model_dump()["properties"]["arms"]["description"]
+    assert "stops the run before anything runs" in described and "the chosen study's" in described
+    from progress_sql.studies.spec import load_study, studies_dir, study_names
 
-    for name in comparison_names(comparisons_dir(PARAMS)):  # the description lists each one's arms, as shipped
-        assert f"{name}: {', '.join(arm.name for arm in load_comparison(name, PARAMS)[1].arms)}" in described
+    for name in study_names(studies_dir(PARAMS)):  # the description lists each one's arms, as shipped
+        assert f"{name}: {', '.join(arm.name for arm in load_study(name, PARAMS)[1].arms)}" in described
 
 
 def test_an_unknown_preset_is_refused_before_the_run_starts(prefect_api, tmp_path):
@@ -302,7 +302,7 @@ def test_work_dir_takes_the_outputs_and_the_preset_the_sizes(tmp_path):
 
 
 def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
-    from flows.serve import COMPARISON_DEFAULTS, DEPLOYMENTS, FORM_DEFAULTS, deployments
+    from flows.serve import DEPLOYMENTS, FORM_DEFAULTS, STUDY_DEFAULTS, deployments
 
     monkeypatch.chdir(REPO)  # entrypoints are relative to the working directory, as when serving
     built = {d.name: d for d in deployments()}
@@ -312,24 +312,24 @@ def test_serve_builds_the_deployments_from_the_flow_file(monkeypatch):
     assert built["promote-model"].entrypoint == "flows/pipeline.py:promote_model"
     assert all(d.tags == ["progress-sql"] for d in built.values())
     # The form starts on the default run (params.yaml: the real model), in its own folder; the
-    # comparison at the real model's scale on two arms; the presets are a drop-down.
-    assert built["compare-methods"].entrypoint == "flows/pipeline.py:compare_methods"
+    # study at the real model's scale on two arms; the presets are a drop-down.
+    assert built["run-study"].entrypoint == "flows/pipeline.py:run_study"
     assert all(d.parameters == FORM_DEFAULTS == {"preset": "none", "work_dir": "runs/default"}
-               for name, d in built.items() if name != "compare-methods")
-    assert built["compare-methods"].parameters == COMPARISON_DEFAULTS
-    assert COMPARISON_DEFAULTS["preset"] in SCALES and set(COMPARISON_DEFAULTS["arms"]) <= set(ARMS)
+               for name, d in built.items() if name != "run-study")
+    assert built["run-study"].parameters == STUDY_DEFAULTS
+    assert STUDY_DEFAULTS["preset"] in SCALES and set(STUDY_DEFAULTS["arms"]) <= set(ARMS)
     assert load_settings(PARAMS).model.pretrained == "smollm2"
     from prefect.utilities.callables import parameter_schema
 
     schema = parameter_schema(training_pipeline).model_dump()["properties"]  # what the form draws
     assert schema["preset"]["enum"] == list(PRESETS) and {"none", "cpu-demo", "cpu-long"} <= set(PRESETS)
     assert list(schema)[:3] == ["preset", "work_dir", "overrides"]
-    # compare-methods: its scale a drop-down of the scales only (a method is an arm), arms a
-    # multi-select of the shipped comparisons' arm names, seeds a count
-    from flows.pipeline import compare_methods
+    # run-study: its scale a drop-down of the scales only (a method is an arm), arms a
+    # multi-select of the shipped studies' arm names, seeds a count
+    from flows.pipeline import run_study
 
-    form = parameter_schema(compare_methods).model_dump()["properties"]
-    assert list(form)[:4] == ["comparison", "preset", "arms", "seeds"]
+    form = parameter_schema(run_study).model_dump()["properties"]
+    assert list(form)[:4] == ["study", "preset", "arms", "seeds"]
     assert form["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2", "tiny"]
     assert form["arms"]["type"] == "array" and form["arms"]["default"] == []
     assert {"progress-sql", "oneshot", "skyrl-sql", "no-decay"} <= set(form["arms"]["items"]["enum"])

@@ -66,8 +66,8 @@ def test_progress_sql_ui_serves_the_deployments_on_any_port_and_a_demo_run_logs_
         assert "Dotted settings keys" in form["overrides"]["description"]
         assert deployment["parameters"] == {"preset": "none", "work_dir": "runs/default"}  # the real model
         assert deployment["entrypoint"] == "flows/pipeline.py:training_pipeline"
-        # compare-methods' form: the scale among the scales only, the arms and seeds as fields
-        compare = httpx.get(f"{api}/deployments/{ids['compare-methods']}", timeout=30).json()
+        # run-study's form: the scale among the scales only, the arms and seeds as fields
+        compare = httpx.get(f"{api}/deployments/{ids['run-study']}", timeout=30).json()
         fields = compare["parameter_openapi_schema"]["properties"]
         assert fields["preset"]["enum"] == ["none", "cpu-demo", "cpu-long", "cpu-smollm2", "tiny"]
         assert compare["parameters"]["preset"] == "cpu-smollm2"

@@ -1,5 +1,5 @@
 """The DVC stages' code deps (scripts/stage_deps.py): every stage of dvc.yaml and
-comparisons/dvc.yaml lists exactly the package files its command runs and reads; the import
+studies/dvc.yaml lists exactly the package files its command runs and reads; the import
 closure they come from holds every import Python makes; a removed dep is caught; and in a
 scratch repository with a dvc.lock, an edit of a module SFT imports makes ``dvc status`` list
 ``sft`` while an edit of RL-only code does not."""
@@ -47,7 +47,7 @@ def scratch(tmp_path) -> Path:
     root = tmp_path / "repo"
     shutil.copytree(REPO / "src" / "progress_sql", root / "src" / "progress_sql",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("dvc.yaml", "comparisons/dvc.yaml", "params.yaml", ".dvcignore", "scripts/stage_deps.py"):
+    for name in ("dvc.yaml", "studies/dvc.yaml", "params.yaml", ".dvcignore", "scripts/stage_deps.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
@@ -79,9 +79,9 @@ def test_the_closure_follows_lazy_imports_and_stops_at_what_a_stage_never_runs()
     assert {"train/trainer.py", "train/losses.py", "train/logprobs.py", "configs/deepspeed/zero2.json"} <= train
     assert not any(f.startswith(("train/", "eval/", "configs/")) for f in _files("dvc.yaml", "build_data"))
     assert not any(f.startswith("data/") for f in _files("dvc.yaml", "register"))
-    demo = _files("comparisons/dvc.yaml", "demo")
-    assert {"configs/comparisons/${item}.yaml", "configs/presets/cpu-demo.yaml", "comparisons/run.py"} <= demo
-    assert "configs/comparisons/methods.yaml" not in demo  # each comparison reruns for its own file only
+    demo = _files("studies/dvc.yaml", "demo")
+    assert {"configs/studies/${item}.yaml", "configs/presets/cpu-demo.yaml", "studies/run.py"} <= demo
+    assert "configs/studies/methods.yaml" not in demo  # each study reruns for its own file only
 
 
 @pytest.mark.slow  # imports every module of the package (~10 s)

@@ -122,7 +122,7 @@ def test_runs_name_what_ran_and_a_parent_of_another_kind_keeps_its_own_metrics(s
     a local source's text after its last '/'; the whole line in progress_sql.command), or what a
     caller names instead (a Prefect flow run: MLflow would say engine.py). A stage's run may have
     a name of its own, its stage tag unchanged. Only a pipeline run collects its stages' summaries:
-    a comparison's runs log their own, in their own order."""
+    a study's runs log their own, in their own order."""
     settings = make_settings("sources")
     monkeypatch.delenv(tracking.mlflow_runs.SOURCE_ENV, raising=False)
     monkeypatch.setattr("sys.argv", ["/venv/bin/progress-sql", "--preset", "cpu-demo", "train", "sft",
@@ -130,8 +130,8 @@ def test_runs_name_what_ran_and_a_parent_of_another_kind_keeps_its_own_metrics(s
     with tracking.pipeline_run(settings, "by-hand"):
         with tracking.stage_run("sft", settings, run_name="sft think_sql"):
             tracking.log_metrics({"sft/final_loss": 1.5})
-    with tracking.run_source("prefect flow compare-methods, run brave-fox"):
-        with tracking.pipeline_run(settings, "compare-x", tags={tracking.KIND_TAG: "comparison"},
+    with tracking.run_source("prefect flow run-study, run brave-fox"):
+        with tracking.pipeline_run(settings, "study-x", tags={tracking.KIND_TAG: "study"},
                                    params={"budget.steps": 2, "budget.splits": ["dev"]}):
             with tracking.stage_run("sft", settings):
                 tracking.log_metrics({"sft/final_loss": 1.5})
@@ -143,10 +143,10 @@ def test_runs_name_what_ran_and_a_parent_of_another_kind_keeps_its_own_metrics(s
         assert runs[name].data.tags["progress_sql.command"] == command
     assert runs["sft think_sql"].data.tags["progress_sql.stage"] == "sft"
     assert runs["by-hand"].data.metrics == {"sft/final_loss": 1.5}
-    for name in ("compare-x", "sft"):
-        assert runs[name].data.tags["mlflow.source.name"] == "prefect flow compare-methods, run brave-fox"
-    assert runs["compare-x"].data.metrics == {}  # a comparison's parent: the SFT's summary stays on its run
-    assert runs["compare-x"].data.params == {"budget.steps": "2", "budget.splits": '["dev"]'}
+    for name in ("study-x", "sft"):
+        assert runs[name].data.tags["mlflow.source.name"] == "prefect flow run-study, run brave-fox"
+    assert runs["study-x"].data.metrics == {}  # a study's parent: the SFT's summary stays on its run
+    assert runs["study-x"].data.params == {"budget.steps": "2", "budget.splits": '["dev"]'}
     # only what run_source names reaches the processes a run starts (a command they run names itself)
     assert tracking.mlflow_runs.SOURCE_ENV not in os.environ
     experiment = MlflowClient().get_experiment_by_name("sources")

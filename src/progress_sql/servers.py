@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Mapping
 from progress_sql.files import no_stray_sqlite_folder, sqlite_path, sqlite_uri
 
 # The deployments flows/serve.py serves (it builds them under these names).
-DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model", "compare-methods")
+DEPLOYMENTS = ("training-pipeline", "evaluate-model", "promote-model", "run-study")
 PREFECT_PORT = 4200  # Prefect's and MLflow's usual ports
 MLFLOW_PORT = 5000
 # Offline and quiet (the Makefile exports the same); a value already in the environment wins.

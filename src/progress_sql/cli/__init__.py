@@ -43,7 +43,7 @@ def _register_optional() -> None:
         app.add_typer(data_app, name="data")
     try:  # the ML and MLOps commands import torch / mlflow only when they run
         from progress_sql.cli.ask import ask
-        from progress_sql.cli.compare_run import compare_run
+        from progress_sql.cli.study import study
         from progress_sql.cli.eval import evaluate
         from progress_sql.cli.registry import app as registry_app
         from progress_sql.cli.summary import summary
@@ -55,7 +55,7 @@ def _register_optional() -> None:
     app.add_typer(registry_app, name="registry")
     app.command("ask")(ask)
     app.command("summary")(summary)
-    app.command("compare-run")(compare_run)
+    app.command("study")(study)
     if all(importlib.util.find_spec(name) for name in ("prefect", "httpx")):  # the Prefect and MLflow UIs
         from progress_sql.cli.ui import ui
 

@@ -1,5 +1,5 @@
 """The parameters of the pipeline: the typed settings of params.yaml and how they are loaded
-(named as the file, apart from ``configs/``, the presets, comparisons and DeepSpeed files it reads).
+(named as the file, apart from ``configs/``, the presets, studies and DeepSpeed files it reads).
 
 One module per concern; the names below are re-exported so that callers import them from
 ``progress_sql.params`` whatever module holds them:
@@ -28,7 +28,7 @@ from progress_sql.params.settings import (
     ALGORITHMS,
     EVAL_SPLITS,
     Algorithm,
-    CompareSettings,
+    StudySettings,
     CopyWarmupSettings,
     DataSettings,
     EnvSettings,
@@ -61,7 +61,7 @@ from progress_sql.params.yaml_files import yaml_load
 __all__ = [
     "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NAMING_CASES", "NO_PRESET", "PACKAGE_CONFIGS",
     "PRESETS_SUBDIR",
-    "Algorithm", "CompareSettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
+    "Algorithm", "StudySettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
     "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLAsyncSettings",
     "RLSettings", "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError",
     "TrackingSettings",

@@ -602,15 +602,15 @@ class TrackingSettings(_Section):
     model_cache_dir: str = "outputs/registry"  # where models:/ URIs are downloaded to be loaded
 
 
-# ----------------------------------------------------------------------------- comparisons
-class CompareSettings(_Section):
-    """``progress-sql compare-run`` and the ``compare-methods`` flow (progress_sql.comparisons):
-    where a comparison's runs and report go, and how many arm × seed runs go at once. The
-    budget itself (steps, trajectories, seeds, splits) is the comparison file's."""
+# ----------------------------------------------------------------------------- studies
+class StudySettings(_Section):
+    """``progress-sql study`` and the ``run-study`` flow (progress_sql.studies):
+    where a study's runs and report go, and how many arm × seed runs go at once. The
+    budget itself (steps, trajectories, seeds, splits) is the study file's."""
 
-    out_dir: str = "outputs/compare"  # OUT/<name>/<scale>/<arm>/seed-<k>/: each arm × seed's RL and evaluation
-    shared_dir: str = "outputs/compare/shared"  # corpus, tiny policy and SFT checkpoints, keyed by their settings
-    report_dir: str = "reports/compare"  # REPORT/<name>/<scale>/: report.md, report.html, figures, table.json
+    out_dir: str = "outputs/studies"  # OUT/<name>/<scale>/<arm>/seed-<k>/: each arm × seed's RL and evaluation
+    shared_dir: str = "outputs/studies/shared"  # corpus, tiny policy and SFT checkpoints, keyed by their settings
+    report_dir: str = "reports/studies"  # REPORT/<name>/<scale>/: report.md, report.html, figures, table.json
     max_parallel: int = Field(1, ge=1)  # arm × seed runs at once (> 1: each in its own process)
 
 
@@ -628,7 +628,7 @@ class Settings(_Section):
     rl: RLSettings = RLSettings()
     eval: EvalSettings = EvalSettings()
     tracking: TrackingSettings = TrackingSettings()
-    compare: CompareSettings = CompareSettings()
+    study: StudySettings = StudySettings()
 
     @model_validator(mode="after")
     def _async_samples_raw(self) -> "Settings":

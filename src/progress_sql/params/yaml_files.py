@@ -1,6 +1,6 @@
 """YAML read as params.yaml is read: safe, with YAML 1.2 booleans, no key twice in a mapping, and
 a file that is missing, unreadable or not YAML reported as a SettingsError naming it (params
-files, presets and comparison files alike)."""
+files, presets and study files alike)."""
 
 from __future__ import annotations
 

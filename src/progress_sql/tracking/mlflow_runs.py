@@ -348,7 +348,7 @@ def _log_params_with(client: MlflowClient, run_id: str, settings: Settings, corp
 def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = None,
                  tags: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None) -> Iterator[Run | None]:
     """The parent run of one pipeline run: logs ``params`` (default: the flattened settings;
-    ``tags`` may name another kind of parent, as a comparison does); stages started inside
+    ``tags`` may name another kind of parent, as a study does); stages started inside
     nest under it, in this thread through MLflow's active run, elsewhere through
     ``PROGRESS_SQL_PARENT_RUN_ID``. Its data version is the corpus its stages see: the first
     stage run that sees a built corpus logs it on the pipeline run (a corpus found at the start
@@ -376,7 +376,7 @@ def pipeline_run(settings: Settings, run_name: str, *, corpus_dir: str | None = 
 def child_pipeline_run(settings: Settings, run_name: str, parent_run_id: str | None, *,
                        tags: Mapping[str, str] | None = None,
                        params: Mapping[str, Any] | None = None) -> Iterator[Run | None]:
-    """A pipeline run nested under ``parent_run_id`` (a comparison's parent run: one child per
+    """A pipeline run nested under ``parent_run_id`` (a study's parent run: one child per
     arm × seed, so MLflow's Compare view lines them up), from any thread or process: the
     parent is named, not found through the active run. Logs ``params`` (default: the flattened
     settings) and the data version. Stages started inside nest under it (this thread's active
@@ -393,7 +393,7 @@ def child_pipeline_run(settings: Settings, run_name: str, parent_run_id: str | N
 
 
 def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
-    """Tags on a run by id (e.g. where a comparison's report is, on its parent run)."""
+    """Tags on a run by id (e.g. where a study's report is, on its parent run)."""
     client = MlflowClient()
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
@@ -501,7 +501,7 @@ def log_metrics(metrics: Mapping[str, Any], *, to_parent: bool = True) -> None:
 def log_pipeline_metrics(metrics: Mapping[str, Any]) -> None:
     """Summary metrics on the pipeline (parent) run of the active stage run only (for metrics
     the stage's code has logged on the stage run itself already). A parent of another kind (a
-    comparison, an arm of one) logs its own metrics, in its own order."""
+    study, an arm of one) logs its own metrics, in its own order."""
     run = mlflow.active_run()
     if run is None or _parent_id(run) == run.info.run_id or not _is_pipeline_run(_parent_id(run)):
         return

@@ -1,7 +1,7 @@
-"""Running a comparison's plan: the shared stages once each, then every arm × seed (RL, then
+"""Running a study's plan: the shared stages once each, then every arm × seed (RL, then
 evaluation), each recorded in its folder, so a rerun does only what is missing.
 
-The CLI (``progress-sql compare-run``) calls ``run_comparison``; the Prefect flow calls the same
+The CLI (``progress-sql study``) calls ``run_study``; the Prefect flow calls the same
 pieces one by one (``build_shared``, ``run_job``, ``finish``) to make each a task run. Each piece
 calls the functions of ``progress_sql.stages``, as ``progress-sql train rl`` and ``eval`` do.
 
@@ -22,17 +22,17 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterator
 
-from progress_sql.comparisons.spec import Job, JobResult, Plan, arm_params, shared_settings
+from progress_sql.studies.spec import Job, JobResult, Plan, arm_params, shared_settings
 from progress_sql.files import write_json
 
 RESULT_FILE = "result.json"
 FAILED_FILE = "failed.json"
 SETTINGS_FILE = "settings.json"  # the job's whole settings (its MLflow run's params are the key ones)
 Log = Callable[[str], None]
-# MLflow run kinds (tag progress_sql.kind) of a comparison: its parent and one run per arm × seed.
+# MLflow run kinds (tag progress_sql.kind) of a study: its parent and one run per arm × seed.
 # Neither is a "pipeline" run, so the stages nested in them do not copy their summaries up: each
 # logs its own metrics, in its own order.
-PARENT_KIND = "comparison"
+PARENT_KIND = "study"
 ARM_KIND = "arm"
 
 
@@ -96,13 +96,13 @@ def run_name(job: Job) -> str:
 
 
 def parent_run_name(plan: Plan) -> str:
-    """The MLflow run name of a comparison: ``compare-<name>`` (its scale and flow run are tags)."""
-    return f"compare-{plan.name}"
+    """The MLflow run name of a study: ``study-<name>`` (its scale and flow run are tags)."""
+    return f"study-{plan.name}"
 
 
 def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = print) -> JobResult:
     """RL then evaluation of one arm × seed (resumed from a checkpoint of the same settings), as
-    an MLflow child run of ``parent_run_id`` that holds what a comparison reads off its row: the
+    an MLflow child run of ``parent_run_id`` that holds what a study reads off its row: the
     EX of every split and mode first (the single pipeline's metric names), then the other
     evaluation metrics, the RL summary and the cost; the key settings as params; the evaluation
     and RL reports and settings.json as artifacts. A finished job is not run again. Never raises
@@ -115,7 +115,7 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
     (job.run_dir / FAILED_FILE).unlink(missing_ok=True)
     s = job.settings
     corpus = s.data.out_dir
-    tags = {tracking.KIND_TAG: ARM_KIND, "progress_sql.comparison": plan.name, "progress_sql.arm": job.arm,
+    tags = {tracking.KIND_TAG: ARM_KIND, "progress_sql.study": plan.name, "progress_sql.arm": job.arm,
             "progress_sql.seed": str(job.seed), "progress_sql.preset": plan.scale}
     write_json(job.run_dir / SETTINGS_FILE, s.model_dump(mode="json"))
     try:
@@ -129,8 +129,8 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
             eval_seconds = time.monotonic() - start
             steps, tokens = _rollout_cost(job)
             tracking.log_metrics({**tracking.ex_first(ev.flat, plan.budget.splits), **rl_summary,
-                                  "compare/rl_seconds": rl_seconds, "compare/eval_seconds": eval_seconds,
-                                  "compare/generated_tokens": tokens}, to_parent=False)
+                                  "study/rl_seconds": rl_seconds, "study/eval_seconds": eval_seconds,
+                                  "study/generated_tokens": tokens}, to_parent=False)
             tracking.log_eval_files(ev)
             for path in (job.run_dir / "reports", job.run_dir / SETTINGS_FILE):
                 tracking.log_artifacts(path)
@@ -158,7 +158,7 @@ def _rollout_cost(job: Job) -> tuple[int, float]:
 
 
 def run_job_isolated(plan: Plan, job: Job, parent_run_id: str | None = None) -> JobResult:
-    """``run_job`` in a fresh process: jobs that run at once (compare.max_parallel > 1) do not
+    """``run_job`` in a fresh process: jobs that run at once (study.max_parallel > 1) do not
     share torch's global random state, so each seed gives what it gives alone."""
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         return pool.submit(run_job, plan, job, parent_run_id, _quiet).result()
@@ -178,7 +178,7 @@ def collect(plan: Plan) -> list[JobResult]:
     return out
 
 
-# ----------------------------------------------------------------------------- the whole comparison
+# ----------------------------------------------------------------------------- the whole study
 @dataclass
 class Outcome:
     report_dir: Path
@@ -193,16 +193,16 @@ class Outcome:
 
 def finish(plan: Plan, parent_run_id: str | None, wall_seconds: float, log: Log = print) -> Outcome:
     """The report of what is on disk (finished arms; failures named), logged to the parent run:
-    its files under ``comparison/``, the table in its description and as metrics
+    its files under ``study/``, the table in its description and as metrics
     (``<arm>/<split>/<mode>/ex``, the mean over seeds)."""
-    from progress_sql.comparisons.report import table_means, write_report
+    from progress_sql.studies.report import table_means, write_report
 
     results = collect(plan)
     report = write_report(plan, results, wall_seconds)
     if parent_run_id and plan.base.tracking.enabled:
         from progress_sql import tracking
 
-        tracking.log_run_artifacts(parent_run_id, report.folder, "comparison")
+        tracking.log_run_artifacts(parent_run_id, report.folder, "study")
         tracking.set_run_tags(parent_run_id, {"progress_sql.compare_report": str(report.folder.resolve() / "report.html"),
                                               "mlflow.note.content": report.note})
         tracking.log_run_metrics(parent_run_id, table_means(report.data))
@@ -217,32 +217,32 @@ def pending(plan: Plan) -> tuple[list[Job], list[str]]:
 
 
 @contextmanager
-def comparison_run(plan: Plan, tags: dict[str, str] | None = None) -> Iterator[str | None]:
-    """The comparison's MLflow parent run (``compare-<name>``), its id (None when tracking is
-    off): the comparison, scale, arms and budget as params; the shared stages and a run per arm ×
+def study_run(plan: Plan, tags: dict[str, str] | None = None) -> Iterator[str | None]:
+    """The study's MLflow parent run (``study-<name>``), its id (None when tracking is
+    off): the study, scale, arms and budget as params; the shared stages and a run per arm ×
     seed nest under it; ``finish`` adds the table and the report."""
     from progress_sql import tracking
 
-    params = {"comparison": plan.name, "scale": plan.scale, "arms": plan.arms,
+    params = {"study": plan.name, "scale": plan.scale, "arms": plan.arms,
               **{f"budget.{key}": value for key, value in plan.budget.model_dump().items()}}
-    all_tags = {tracking.KIND_TAG: PARENT_KIND, "progress_sql.comparison": plan.name,
+    all_tags = {tracking.KIND_TAG: PARENT_KIND, "progress_sql.study": plan.name,
                 "progress_sql.preset": plan.scale, **(tags or {})}
     with tracking.pipeline_run(plan.base, parent_run_name(plan), tags=all_tags, params=params) as run:
         yield run.info.run_id if run is not None else None
 
 
-def run_comparison(plan: Plan, log: Log = print, tags: dict[str, str] | None = None) -> Outcome:
-    """The CLI's path: the shared stages, every job not done yet (``compare.max_parallel`` at
+def run_study(plan: Plan, log: Log = print, tags: dict[str, str] | None = None) -> Outcome:
+    """The CLI's path: the shared stages, every job not done yet (``study.max_parallel`` at
     once), the report; under one MLflow parent run with a child per arm × seed."""
     start = time.monotonic()
     todo, shared = pending(plan)
-    log(f"comparison {plan.name} at scale {plan.scale}: {len(plan.jobs)} arm × seed runs, "
+    log(f"study {plan.name} at scale {plan.scale}: {len(plan.jobs)} arm × seed runs, "
         f"{len(plan.jobs) - len(todo)} done before, {len(todo)} to run")
-    with comparison_run(plan, tags) as parent:
+    with study_run(plan, tags) as parent:
         for key in shared:
             build_shared(plan, key, log)
-        if plan.base.compare.max_parallel > 1 and len(todo) > 1:
-            with ProcessPoolExecutor(max_workers=plan.base.compare.max_parallel, mp_context=get_context("spawn")) as pool:
+        if plan.base.study.max_parallel > 1 and len(todo) > 1:
+            with ProcessPoolExecutor(max_workers=plan.base.study.max_parallel, mp_context=get_context("spawn")) as pool:
                 for result in pool.map(run_job, [plan] * len(todo), todo, [parent] * len(todo)):
                     log(f"{result.label}: {result.status}{': ' + result.error if result.error else ''}")
         else:

@@ -1,6 +1,6 @@
-"""A comparison file (``configs/comparisons/NAME.yaml``) and the plan it becomes at a scale.
+"""A study file (``configs/studies/NAME.yaml``) and the plan it becomes at a scale.
 
-A comparison is a named list of arms (each a preset of ``configs/presets/`` plus overrides) and
+A study is a named list of arms (each a preset of ``configs/presets/`` plus overrides) and
 one budget. At a scale (a preset such as ``cpu-demo``, or none: the papers' protocols as they
 are) every arm × seed becomes a ``Job`` whose settings are layered, last wins:
 
@@ -17,7 +17,7 @@ are) every arm × seed becomes a ``Job`` whose settings are layered, last wins:
    read, so arms that would build the same output share it; each job's RL and evaluation in
    its own folder.
 
-Everything checkable is checked here, before anything runs (``ComparisonError``).
+Everything checkable is checked here, before anything runs (``StudyError``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from progress_sql.params import (
     yaml_load,
 )
 
-COMPARISONS_SUBDIR = Path("configs") / "comparisons"
+STUDIES_SUBDIR = Path("configs") / "studies"
 
 # The keys of a method preset that make the method, kept at any scale. Prefixes end with ".".
 # Not among them: rl.init_from and the data/model/sft sections (the scale's), rl.lr (the presets'
@@ -64,8 +64,8 @@ NOT_METHOD_KEYS = ("rewards.reasoning_sql.judge_backend", "rewards.reasoning_sql
 NO_WALL_CLOCK = 100000.0  # rl.max_minutes when the budget is steps only (as the papers' presets)
 
 
-class ComparisonError(ValueError):
-    """A comparison file, an arm or the budget is wrong; the message names it."""
+class StudyError(ValueError):
+    """A study file, an arm or the budget is wrong; the message names it."""
 
 
 class _Strict(BaseModel):
@@ -90,7 +90,7 @@ class Budget(_Strict):
     eval_max_examples: int | None = Field(None, ge=0)  # per split; None: the scale's eval.max_examples
 
 
-class Comparison(_Strict):
+class Study(_Strict):
     description: str = ""
     arms: list[Arm] = Field(min_length=2)
     budget: Budget
@@ -107,7 +107,7 @@ class Comparison(_Strict):
         return arms
 
     @model_validator(mode="after")
-    def _scale_budgets(self) -> "Comparison":
+    def _scale_budgets(self) -> "Study":
         for scale, keys in self.scales.items():
             unknown = set(keys) - set(Budget.model_fields)
             if unknown:
@@ -116,55 +116,55 @@ class Comparison(_Strict):
         return self
 
 
-def comparisons_dir(params: str | Path | None = None) -> Path:
-    """``configs/comparisons/`` beside the params file (or the working folder), else the package's."""
-    near = (Path(params).resolve().parent if params else Path.cwd()) / COMPARISONS_SUBDIR
-    return near if near.is_dir() else PACKAGE_CONFIGS / "comparisons"
+def studies_dir(params: str | Path | None = None) -> Path:
+    """``configs/studies/`` beside the params file (or the working folder), else the package's."""
+    near = (Path(params).resolve().parent if params else Path.cwd()) / STUDIES_SUBDIR
+    return near if near.is_dir() else PACKAGE_CONFIGS / "studies"
 
 
-def comparison_names(folder: Path | None = None) -> tuple[str, ...]:
-    folder = folder or comparisons_dir()
+def study_names(folder: Path | None = None) -> tuple[str, ...]:
+    folder = folder or studies_dir()
     return tuple(sorted(p.stem for p in folder.glob("*.yaml"))) if folder.is_dir() else ()
 
 
 def arm_names(folder: Path | None = None) -> tuple[str, ...]:
-    """The arms of every comparison in ``folder``, each name once, in file order (the choices of
+    """The arms of every study in ``folder``, each name once, in file order (the choices of
     the Prefect form's ``arms`` field)."""
-    folder = folder or comparisons_dir()
-    arms = (arm.name for name in comparison_names(folder) for arm in load_comparison(str(folder / f"{name}.yaml"))[1].arms)
+    folder = folder or studies_dir()
+    arms = (arm.name for name in study_names(folder) for arm in load_study(str(folder / f"{name}.yaml"))[1].arms)
     return tuple(dict.fromkeys(arms))
 
 
-def load_comparison(name: str, params: str | Path | None = None) -> tuple[str, Comparison]:
-    """(its name, the validated comparison) from a name in ``configs/comparisons/`` or a YAML path."""
+def load_study(name: str, params: str | Path | None = None) -> tuple[str, Study]:
+    """(its name, the validated study) from a name in ``configs/studies/`` or a YAML path."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
         if not path.is_file():
-            raise ComparisonError(f"comparison file not found: {path}")
+            raise StudyError(f"study file not found: {path}")
     else:
-        folder = comparisons_dir(params)
+        folder = studies_dir(params)
         path = folder / f"{name}.yaml"
         if not path.is_file():
-            raise ComparisonError(f"unknown comparison {name!r}; available: "
-                                  f"{', '.join(comparison_names(folder)) or 'none'} (the .yaml files of {folder})")
+            raise StudyError(f"unknown study {name!r}; available: "
+                             f"{', '.join(study_names(folder)) or 'none'} (the .yaml files of {folder})")
     try:
         raw = yaml_load(path.read_text(encoding="utf-8"))
-        return path.stem, Comparison.model_validate(raw if raw is not None else {})
+        return path.stem, Study.model_validate(raw if raw is not None else {})
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ComparisonError(f"cannot read comparison file {path}: {err}") from None
+        raise StudyError(f"cannot read study file {path}: {err}") from None
     except ValidationError as err:
         lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors()]
-        raise ComparisonError(f"invalid comparison {path}:\n" + "\n".join(lines)) from None
+        raise StudyError(f"invalid study {path}:\n" + "\n".join(lines)) from None
 
 
-def scale_budget(comparison: Comparison, scale: str, overrides: dict[str, Any] | None = None) -> Budget:
+def scale_budget(study: Study, scale: str, overrides: dict[str, Any] | None = None) -> Budget:
     """The budget at ``scale``: the file's, its ``scales`` entry, then ``overrides``."""
-    raw = {**comparison.budget.model_dump(), **comparison.scales.get(scale, {}), **(overrides or {})}
+    raw = {**study.budget.model_dump(), **study.scales.get(scale, {}), **(overrides or {})}
     try:
         return Budget.model_validate(raw)
     except ValidationError as err:
         lines = [f"  budget.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-        raise ComparisonError("invalid budget:\n" + "\n".join(lines)) from None
+        raise StudyError("invalid budget:\n" + "\n".join(lines)) from None
 
 
 def is_method_key(key: str) -> bool:
@@ -193,19 +193,19 @@ def scale_names(folder: Path) -> tuple[str, ...]:
     return (NO_PRESET, *(name for name in preset_names(folder) if is_scale(name, folder)))
 
 
-def select_arms(comparison: Comparison, names: list[str] | None) -> Comparison:
-    """The comparison with only the arms ``names`` (in that order: the first is the one the others
+def select_arms(study: Study, names: list[str] | None) -> Study:
+    """The study with only the arms ``names`` (in that order: the first is the one the others
     are tested against); all of them for an empty list."""
     if not names:
-        return comparison
-    known = {arm.name: arm for arm in comparison.arms}
+        return study
+    known = {arm.name: arm for arm in study.arms}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ComparisonError(f"no arm named {', '.join(map(repr, unknown))} in this comparison; its arms: "
-                              f"{', '.join(known)}")
+        raise StudyError(f"no arm named {', '.join(map(repr, unknown))} in this study; its arms: "
+                         f"{', '.join(known)}")
     if len(set(names)) < 2:
-        raise ComparisonError(f"pick at least two arms to compare (got {', '.join(names)})")
-    return comparison.model_copy(update={"arms": [known[n] for n in dict.fromkeys(names)]})
+        raise StudyError(f"pick at least two arms to compare (got {', '.join(names)})")
+    return study.model_copy(update={"arms": [known[n] for n in dict.fromkeys(names)]})
 
 
 def _digest(obj: Any) -> str:
@@ -255,7 +255,7 @@ class Job:
         """What the job's result depends on: a finished job with another fingerprint reruns."""
         tree = self.settings.model_dump(mode="json")
         tree.pop("tracking", None)
-        tree.pop("compare", None)
+        tree.pop("study", None)
         return _digest(tree)
 
 
@@ -282,11 +282,11 @@ class JobResult:
 class Plan:
     name: str
     scale: str
-    comparison: Comparison
+    study: Study
     budget: Budget
     arms: list[str]
     jobs: list[Job]
-    base: Settings  # the scale's settings (where the comparison's own folders are)
+    base: Settings  # the scale's settings (where the study's own folders are)
     out_dir: Path
     shared_dir: Path
     report_dir: Path
@@ -297,40 +297,40 @@ class Plan:
 def _group_size(arm: Arm, settings_g: int, budget: Budget) -> int:
     g = settings_g if budget.group_size == "method" else budget.group_size
     if budget.trajectories_per_step % g:
-        raise ComparisonError(f"arm {arm.name!r}: its G = {g} does not divide budget.trajectories_per_step = "
-                              f"{budget.trajectories_per_step}; pick a multiple of every arm's G "
-                              f"(a common multiple of the Gs), or budget.group_size: an integer for all arms")
+        raise StudyError(f"arm {arm.name!r}: its G = {g} does not divide budget.trajectories_per_step = "
+                         f"{budget.trajectories_per_step}; pick a multiple of every arm's G "
+                         f"(a common multiple of the Gs), or budget.group_size: an integer for all arms")
     return g
 
 
 def make_plan(name: str, params: str | Path = "params.yaml", scale: str = NO_PRESET, *,
               budget_overrides: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
               arms: list[str] | None = None) -> Plan:
-    """The comparison ``name`` at ``scale`` as jobs, every arm's settings validated; ``overrides``
+    """The study ``name`` at ``scale`` as jobs, every arm's settings validated; ``overrides``
     (dotted) go on every arm, over the scale and under the budget; ``arms`` picks some of its arms
-    (default all). ComparisonError on bad input."""
+    (default all). StudyError on bad input."""
     scale = scale or NO_PRESET
     folder = presets_dir(params)
     try:  # the scale first: a bad preset is named as every command names it
         base = load_settings(params, overrides, preset=scale)
     except SettingsError as err:
-        raise ComparisonError(f"scale {scale}: {err}") from None
+        raise StudyError(f"scale {scale}: {err}") from None
     if not is_scale(scale, folder):
-        raise ComparisonError(f"preset {scale!r} is a method (it sets rl.recipe), not a scale: the arms name the "
-                              f"methods; scales: {', '.join(scale_names(folder))}")
-    name, comparison = load_comparison(name, params)
-    comparison = select_arms(comparison, arms)
-    budget = scale_budget(comparison, scale, budget_overrides)
-    out_dir = Path(base.compare.out_dir) / name / scale
-    shared_dir = Path(base.compare.shared_dir)
-    plan = Plan(name, scale, comparison, budget, [a.name for a in comparison.arms], [], base, out_dir, shared_dir,
-                Path(base.compare.report_dir) / name / scale)
+        raise StudyError(f"preset {scale!r} is a method (it sets rl.recipe), not a scale: the arms name the "
+                         f"methods; scales: {', '.join(scale_names(folder))}")
+    name, study = load_study(name, params)
+    study = select_arms(study, arms)
+    budget = scale_budget(study, scale, budget_overrides)
+    out_dir = Path(base.study.out_dir) / name / scale
+    shared_dir = Path(base.study.shared_dir)
+    plan = Plan(name, scale, study, budget, [a.name for a in study.arms], [], base, out_dir, shared_dir,
+                Path(base.study.report_dir) / name / scale)
     gs: dict[str, int] = {}
-    for arm in comparison.arms:
+    for arm in study.arms:
         try:
             method = method_overlay(arm.preset, scale, folder)
         except SettingsError as err:
-            raise ComparisonError(f"arm {arm.name!r}: {err}") from None
+            raise StudyError(f"arm {arm.name!r}: {err}") from None
         layered = {**method, **(overrides or {}), **arm.overrides}
         probe = _load(params, scale, layered, arm)
         g = _group_size(arm, probe.rl.group_size, budget)
@@ -347,14 +347,14 @@ def make_plan(name: str, params: str | Path = "params.yaml", scale: str = NO_PRE
             paths = _paths(plan, unseeded, keys, run_dir)
             settings = _load(params, scale, {**layered, "seed": seed, "rl.seed": seed, **paths}, arm)
             plan.jobs.append(Job(arm.name, seed, settings, run_dir, *keys))
-    for job in plan.jobs:  # a model that no stage of the comparison builds must exist now
+    for job in plan.jobs:  # a model that no stage of the study builds must exist now
         try:
             if job.sft is not None and job.tiny is None:
                 check_model_paths(job.settings, "sft.init_from")
             if job.sft is None:
                 check_model_paths(job.settings, "rl.init_from")
         except SettingsError as err:
-            raise ComparisonError(f"arm {job.arm!r}: {err}") from None
+            raise StudyError(f"arm {job.arm!r}: {err}") from None
     plan.notes = _budget_notes(plan, gs)
     return plan
 
@@ -382,7 +382,7 @@ def _load(params: str | Path, scale: str, layered: dict[str, Any], arm: Arm) -> 
     try:
         return load_settings(params, layered, preset=scale)
     except SettingsError as err:
-        raise ComparisonError(f"arm {arm.name!r} (preset {arm.preset}): {err}") from None
+        raise StudyError(f"arm {arm.name!r} (preset {arm.preset}): {err}") from None
 
 
 def _shared_stages(plan: Plan, s: Settings) -> tuple[str, str | None, str | None]:

@@ -1,12 +1,12 @@
-"""Budget-matched comparisons (progress_sql.comparisons): one two-arm, one-seed comparison at the
-smallest scale, run for real through ``progress-sql compare-run`` (a subprocess) and through the
-``compare-methods`` flow against a real Prefect server on a free port, each into a real MLflow
+"""Budget-matched studies (progress_sql.studies): one two-arm, one-seed study at the
+smallest scale, run for real through ``progress-sql study`` (a subprocess) and through the
+``run-study`` flow against a real Prefect server on a free port, each into a real MLflow
 store (SQLite), must give the same table and the same metrics; a third arm that fails mid-way is
 reported by name beside the finished ones, and a rerun runs only it. What a user compares is
-checked where the user sees it: the report and the Prefect ``comparison`` artifact embed their
+checked where the user sees it: the report and the Prefect ``study`` artifact embed their
 figures; each arm × seed MLflow run, named apart, holds the EX of every split and mode first, its
 key settings as params and its report files; the runs name the command or flow run that made
-them. Bad comparison files and a method preset given as the scale stop before anything is
+them. Bad study files and a method preset given as the scale stop before anything is
 written. About 3-4 minutes on two busy cores (a corpus, a tiny policy, one SFT, four RL runs and
 evaluations)."""
 
@@ -33,26 +33,26 @@ sys.path.insert(0, str(REPO))  # flows/ sits beside src/
 
 from local_stack import api_post, prefect_server  # noqa: E402
 
-from progress_sql.comparisons import ComparisonError, make_plan  # noqa: E402
+from progress_sql.studies import StudyError, make_plan  # noqa: E402
 
-# The smallest comparison: the cpu-demo scale, 2 questions × G 2, one step, one seed, two dev questions.
+# The smallest study: the cpu-demo scale, 2 questions × G 2, one step, one seed, two dev questions.
 BUDGET = {"trajectories_per_step": 4, "group_size": 2, "steps": 1, "seeds": 1, "splits": ["dev"],
           "eval_max_examples": 2}
 
 
 def _write(folder: Path, name: str, arms: list[dict], budget: dict | None = None) -> Path:
-    """A checkout of our own: params.yaml beside configs/comparisons/NAME.yaml (presets: the package's)."""
-    (folder / "configs" / "comparisons").mkdir(parents=True, exist_ok=True)
+    """A checkout of our own: params.yaml beside configs/studies/NAME.yaml (presets: the package's)."""
+    (folder / "configs" / "studies").mkdir(parents=True, exist_ok=True)
     if not (folder / "params.yaml").exists():
         shutil.copy(REPO / "params.yaml", folder / "params.yaml")
-    path = folder / "configs" / "comparisons" / f"{name}.yaml"
+    path = folder / "configs" / "studies" / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"arms": arms, "budget": budget or BUDGET}), encoding="utf-8")
     return folder / "params.yaml"
 
 
 def _places(root: Path) -> dict[str, str]:
-    return {"compare.out_dir": str(root / "out"), "compare.shared_dir": str(root.parent / "shared"),
-            "compare.report_dir": str(root / "reports"),
+    return {"study.out_dir": str(root / "out"), "study.shared_dir": str(root.parent / "shared"),
+            "study.report_dir": str(root / "reports"),
             "tracking.tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"}
 
 
@@ -66,8 +66,8 @@ def _sets(places: dict[str, str]) -> list[str]:
     return [arg for key, value in places.items() for arg in ("--set", f"{key}={value}")]
 
 
-def _comparison_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, dict[str, object], object]:
-    """(the parent run, its children by name, the MLflow client) of the first comparison run in the
+def _study_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, dict[str, object], object]:
+    """(the parent run, its children by name, the MLflow client) of the first study run in the
     store (or the one of a Prefect flow run), after checking what the Compare view of its arms
     shows. The first run of the test builds the shared stages, under its parent."""
     from mlflow.tracking import MlflowClient
@@ -77,9 +77,9 @@ def _comparison_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, 
     # the experiment's charts open on the gate metric
     assert experiment.tags["mlflow.experiment.primaryMetric.name"] == "dev/greedy/ex"
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    parent = next(r for r in runs if r.info.run_name == "compare-two"
+    parent = next(r for r in runs if r.info.run_name == "study-two"
                   and r.data.tags.get("prefect.flow_run_id", "") == (flow_run_id or ""))
-    assert parent.data.tags["progress_sql.kind"] == "comparison"
+    assert parent.data.tags["progress_sql.kind"] == "study"
     assert parent.data.params["budget.trajectories_per_step"] == "4" and parent.data.params["budget.splits"] == '["dev"]'
     assert not [k for k in parent.data.metrics if k.startswith("sft/")]  # the shared SFT's summary stays on its run
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -92,7 +92,7 @@ def _comparison_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, 
         run = by_name[f"{arm} seed 1"]
         metrics = list(run.data.metrics)
         assert metrics[0] == "dev/greedy/ex", metrics[:5]  # first logged: what the Compare view plots
-        assert {"dev/greedy/ex", "dev/greedy/exec_rate", "rl/reward_mean", "compare/rl_seconds"} <= set(metrics)
+        assert {"dev/greedy/ex", "dev/greedy/exec_rate", "rl/reward_mean", "study/rl_seconds"} <= set(metrics)
         assert parent.data.metrics[f"{arm}/dev/greedy/ex"] == run.data.metrics["dev/greedy/ex"]  # the table
         assert {k: run.data.params[k] for k in ("arm", "rl.recipe", "rl.env", "rl.group_size", "seed")} == {
             "arm": arm, "rl.recipe": recipe, "rl.env": "single_turn", "rl.group_size": "2", "seed": "1"}
@@ -113,7 +113,7 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     params = _write(tmp_path, "two", arms)
     cli_places = _places(tmp_path / "cli")
 
-    done = _cli("--preset", "cpu-demo", "compare-run", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
+    done = _cli("--preset", "cpu-demo", "study", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out  # one arm failed: exit 1, after the report of the others
     assert "broken/seed-1 failed" in out and "not-a-model" in out, out
@@ -130,37 +130,37 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     shared = tmp_path / "shared"
     markers = {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")}
     assert sorted(name.split("-")[0] for name in markers) == ["corpus", "sft", "tiny"], markers
-    # MLflow: one parent run named as docs/comparisons.md says, a child per arm × seed, the report among
+    # MLflow: one parent run named as docs/studies.md says, a child per arm × seed, the report among
     # the parent's artifacts; every run names the command that made it.
-    parent, children, client = _comparison_runs(cli_places["tracking.tracking_uri"])
-    assert parent.data.tags["mlflow.source.name"].startswith("progress-sql --preset cpu-demo compare-run two --params "
+    parent, children, client = _study_runs(cli_places["tracking.tracking_uri"])
+    assert parent.data.tags["mlflow.source.name"].startswith("progress-sql --preset cpu-demo study two --params "
                                                              "params.yaml --set")
     assert parent.data.tags["progress_sql.command"].split()[-1] == f"tracking.tracking_uri={cli_places['tracking.tracking_uri']}"
     assert children["broken seed 1"].info.status == "FAILED"
     assert children["oneshot seed 1"].data.metrics["dev/greedy/ex"] == cli_table["arms"]["oneshot"]["ex"]["dev/greedy"][0]
-    assert {"comparison/report.md", "comparison/report.html"} <= {
-        f.path for f in client.list_artifacts(parent.info.run_id, "comparison")}
+    assert {"study/report.md", "study/report.html"} <= {
+        f.path for f in client.list_artifacts(parent.info.run_id, "study")}
 
     # A rerun runs the missing arm only.
-    again = _cli("--preset", "cpu-demo", "compare-run", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
+    again = _cli("--preset", "cpu-demo", "study", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
     assert again.returncode == 1 and "3 arm × seed runs, 2 done before, 1 to run" in again.stdout, again.stdout
 
-    # The Prefect flow, against a real server, on the same comparison in another folder (sharing
+    # The Prefect flow, against a real server, on the same study in another folder (sharing
     # the shared outputs): the same table, the same metrics, the failure named in its state.
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.pipeline import compare_methods
+    from flows.pipeline import run_study
 
     flow_places = _places(tmp_path / "flow")
     with prefect_server(tmp_path / "prefect") as stack, temporary_settings({PREFECT_API_URL: stack.api}):
-        state = compare_methods(comparison="two", preset="cpu-demo", params=str(params), overrides=flow_places,
+        state = run_study(study="two", preset="cpu-demo", params=str(params), overrides=flow_places,
                                 return_state=True)
         # The form's fields pick arms and seeds: two finished arms, in another order, reused.
-        picked = compare_methods(comparison="two", preset="cpu-demo", arms=["oneshot", "single-turn"], seeds=1,
+        picked = run_study(study="two", preset="cpu-demo", arms=["oneshot", "single-turn"], seeds=1,
                                  params=str(params), overrides=flow_places, return_state=True)
         APILogWorker.drain_all(timeout=30)  # the run's logs reach the server before it stops
-        artifacts = api_post(stack.api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["comparison"]}}})
+        artifacts = api_post(stack.api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["study"]}}})
         flow_run = httpx.get(f"{stack.api}/flow_runs/{state.state_details.flow_run_id}", timeout=30).json()
     assert state.is_failed() and "broken/seed-1" in state.message, state.message
     assert picked.is_completed(), picked.message
@@ -170,8 +170,8 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     flow_report = tmp_path / "flow" / "reports" / "two" / "cpu-demo"
     assert json.loads((flow_report / "table.json").read_text())["arms"] == {
         arm: cli_table["arms"][arm] for arm in ("oneshot", "single-turn")}
-    parent, _, _ = _comparison_runs(flow_places["tracking.tracking_uri"], str(state.state_details.flow_run_id))
-    assert parent.data.tags["mlflow.source.name"] == f"prefect flow compare-methods, run {flow_run['name']}"
+    parent, _, _ = _study_runs(flow_places["tracking.tracking_uri"], str(state.state_details.flow_run_id))
+    assert parent.data.tags["mlflow.source.name"] == f"prefect flow run-study, run {flow_run['name']}"
     for arm in ("single-turn", "oneshot"):
         ran = [json.loads((tmp_path / where / "out" / "two" / "cpu-demo" / arm / "seed-1" / "result.json").read_text())
                for where in ("cli", "flow")]
@@ -180,7 +180,7 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     assert {p.name: p.stat().st_mtime_ns for p in shared.glob("*.done")} == markers  # reused, not rebuilt
 
 
-def test_bad_comparisons_stop_before_anything_runs(tmp_path):
+def test_bad_studies_stop_before_anything_runs(tmp_path):
     from typer.testing import CliRunner
 
     from progress_sql.cli import app
@@ -202,30 +202,30 @@ def test_bad_comparisons_stop_before_anything_runs(tmp_path):
     places = _places(tmp_path / "run")
     for name, (arms, budget, message) in cases.items():
         params = _write(tmp_path, name, arms, budget)
-        result = CliRunner().invoke(app, ["--preset", "cpu-demo", "compare-run", name, "--params", str(params),
+        result = CliRunner().invoke(app, ["--preset", "cpu-demo", "study", name, "--params", str(params),
                                           *_sets(places)])
         assert result.exit_code == 2, (name, result.output)
         assert message in result.output, (name, result.output)
-    result = CliRunner().invoke(app, ["compare-run", "no-such-comparison", "--params", str(params)])
-    assert result.exit_code == 2 and "unknown comparison 'no-such-comparison'; available:" in result.output
+    result = CliRunner().invoke(app, ["study", "no-such-study", "--params", str(params)])
+    assert result.exit_code == 2 and "unknown study 'no-such-study'; available:" in result.output
     # A method preset is no scale (the arms name the methods); arms are picked by name, two at least.
     for scale, arms, message in (
             ("oneshot", [], "preset 'oneshot' is a method (it sets rl.recipe), not a scale: the arms name the methods; "
                             "scales: none, cpu-demo, cpu-long"),
-            ("cpu-demo", ["oneshot", "sky"], "no arm named 'sky' in this comparison; its arms: progress-sql, oneshot,"),
+            ("cpu-demo", ["oneshot", "sky"], "no arm named 'sky' in this study; its arms: progress-sql, oneshot,"),
             ("cpu-demo", ["oneshot"], "pick at least two arms")):
         picked = [arg for arm in arms for arg in ("--arm", arm)]
-        result = CliRunner().invoke(app, ["--preset", scale, "compare-run", "methods", *picked, *_sets(places)])
+        result = CliRunner().invoke(app, ["--preset", scale, "study", "methods", *picked, *_sets(places)])
         assert result.exit_code == 2 and message in result.output, (scale, arms, result.output)
     # Without a scale the method presets apply whole: their 7B model is missing, named at once.
-    with pytest.raises(ComparisonError, match="rl.init_from: models/Qwen2.5-Coder-7B-Instruct does not exist"):
+    with pytest.raises(StudyError, match="rl.init_from: models/Qwen2.5-Coder-7B-Instruct does not exist"):
         make_plan("methods", REPO / "params.yaml", "none")
     assert not (tmp_path / "run").exists() and not (tmp_path / "shared").exists()  # nothing written
 
 
 def test_picked_arms_run_in_the_order_given_and_their_runs_name_what_tells_them_apart():
     from progress_sql.tracking import ex_first
-    from progress_sql.comparisons.spec import arm_params
+    from progress_sql.studies.spec import arm_params
 
     plan = make_plan("ablations", REPO / "params.yaml", "cpu-demo", arms=["no-decay", "progress-sql"],
                      budget_overrides={"seeds": 1})
@@ -269,7 +269,7 @@ def test_the_scale_wins_for_paths_and_sizes_and_the_method_keeps_its_protocol():
     assert prog.rl.init_from == str(plan.shared_dir / sft["progress-sql"])
 
 
-def test_the_async_comparison_differs_in_rl_async_alone_and_shares_the_sft():
+def test_the_async_study_differs_in_rl_async_alone_and_shares_the_sft():
     plan = make_plan("async", REPO / "params.yaml", "cpu-demo")
     assert [j.label for j in plan.jobs] == ["sync/seed-1", "sync/seed-2", "async/seed-1", "async/seed-2"]
     jobs = {j.label: j for j in plan.jobs}
@@ -285,8 +285,8 @@ def test_each_seed_run_carries_its_own_seed_in_a_real_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from progress_sql import tracking
-    from progress_sql.comparisons.run import run_name
-    from progress_sql.comparisons.spec import arm_params
+    from progress_sql.studies.run import run_name
+    from progress_sql.studies.spec import arm_params
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     plan = make_plan("methods", REPO / "params.yaml", "cpu-demo", arms=["oneshot", "progress-sql"],

@@ -1,4 +1,4 @@
-"""The report of a comparison, from the files its runs wrote: ``REPORT/<name>/<scale>/``
+"""The report of a study, from the files its runs wrote: ``REPORT/<name>/<scale>/``
 
 - ``report.md`` and ``report.html``, each standing alone (the figures inlined as data URIs, so
   the Prefect artifact, a mail or a copy show them): the budget, the table in the papers' shape
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from progress_sql.comparisons.spec import JobResult, Plan
+from progress_sql.studies.spec import JobResult, Plan
 from progress_sql.eval.paired import MODES, compare_split, read_predictions
 from progress_sql.eval.reports import markdown_table
 from progress_sql.eval.plots import save_png
@@ -235,16 +235,16 @@ def write_report(plan: Plan, results: Sequence[JobResult], wall_seconds: float) 
             sections.append(("Failed or missing runs", [
                 ("p", "Run the same command again: the finished runs are kept and only these run."),
                 ("table", ["run", "error", "folder"], [[r.label, r.error, r.run_dir] for r in failures])]))
-        title = f"Comparison {plan.name}"
-        md = _markdown(title, plan.comparison.description, sections, aside)
+        title = f"Study {plan.name}"
+        md = _markdown(title, plan.study.description, sections, aside)
         write_text(aside / "report.md", md)
-        write_text(aside / "report.html", _html(title, plan.comparison.description, sections, aside))
+        write_text(aside / "report.html", _html(title, plan.study.description, sections, aside))
     folder = plan.report_dir
     table = _render_table_md(*_main_table(data)[1:])
     # MLflow's markdown preview shows no inlined image (it keeps http(s) sources only); its HTML
     # preview shows report.html whole.
     note = (f"**{title}** at scale `{plan.scale}`\n\n{table}\n\nThe report with its figures: the artifact "
-            f"`comparison/report.html` (on disk: {folder.resolve() / 'report.html'}).")
+            f"`study/report.html` (on disk: {folder.resolve() / 'report.html'}).")
     return Report(folder, table, note, data)
 
 
