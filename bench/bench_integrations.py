@@ -124,7 +124,9 @@ def adapters(recipe: str) -> dict[str, object]:
         calls["trl submit_answer"] = (trl_tool, _trl_env)
         how = base_interaction()
         if how:
-            interaction = verl_adapter.ODTFeedbackInteraction({"name": "progress_sql_odt"})
+            from progress_sql.integrations.verl_interaction import ProtocolInteraction  # noqa: PLC0415 - on the base above
+
+            interaction = ProtocolInteraction({"name": "progress_sql_odt", "protocol": "odt"})
             loop = asyncio.new_event_loop()
 
             def fresh_interaction(row):

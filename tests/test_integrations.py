@@ -6,6 +6,7 @@ pool) gives the one-by-one rewards."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import subprocess
@@ -54,11 +55,16 @@ def test_importing_the_adapters_imports_no_framework():
 
 def test_a_registered_environment_reaches_every_adapter(school_db):
     """An environment with an ``Adapter`` in the registry is a protocol of every framework: the
-    SkyRL-gym id and the verl interaction follow ``envs.protocols()``, and the TRL class is what
-    the generator writes out for it (in a fresh process, so the new entry is there before the
-    integrations are imported)."""
+    SkyRL-gym id and the verl interaction (its class on the installed verl's own base class,
+    loaded by file as tests/test_integrations_verl.py does) follow ``envs.protocols()``, and the
+    TRL class is what the generator writes out for it (in a fresh process, so the new entry is
+    there before the integrations are imported)."""
+    verl_base = importlib.util.find_spec("verl")
+    if verl_base is None:
+        pytest.skip("verl is not installed (make setup installs verl==0.7.1 with --no-deps)")
+    verl_base = Path(next(iter(verl_base.submodule_search_locations))) / "interactions" / "base.py"
     code = f"""
-import json, inspect
+import importlib.util, json, inspect, sys
 from progress_sql import envs
 from progress_sql.envs.odt_feedback import ODTFeedbackEnv
 
@@ -68,7 +74,12 @@ class Retry(ODTFeedbackEnv):  # ODT feedback under another protocol
                            tool_doc="Retry.\\n\\nArgs:\\n    text: The answer.\\n\\nReturns:\\n    Feedback.")
 
 envs._ENVS[Retry.name] = Retry
-from progress_sql.integrations import sessions, skyrl_gym, trl, verl
+from progress_sql.integrations import sessions, skyrl_gym, trl
+spec = importlib.util.spec_from_file_location("verl.interactions.base", {str(verl_base)!r})
+sys.modules[spec.name] = base = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(base)
+from progress_sql.integrations.verl_interaction import ProtocolInteraction
+interaction = ProtocolInteraction({{"name": "progress_sql_retry", "protocol": "retry"}})
 written = {{**vars(trl)}}
 exec(trl.environment_classes_source(), written)  # its TRL class, as the generator writes it out
 env = written["RetryEnvironment"]()
@@ -76,7 +87,7 @@ env.reset({str(school_db)!r}, {GOLD!r}, db_id="school", question="q")
 print(json.dumps({{
     "protocols": sorted(sessions.PROTOCOLS),
     "skyrl": skyrl_gym.ENV_IDS.get("progress-sql-retry"),
-    "verl": verl.INTERACTIONS.get("RetryInteraction"),
+    "verl": [interaction.protocol, interaction.recipe],
     "tool": str(inspect.signature(env.retry_answer)),
     "reply": env.retry_answer(text={answer(GOLD)!r}),
     "recipe": env.session.recipe.name,
@@ -86,7 +97,7 @@ print(json.dumps({{
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert {"odt", "retry", "sql_tool"} <= set(got["protocols"])
-    assert (got["skyrl"], got["verl"], got["recipe"]) == ("retry", "retry", "oneshot")
+    assert (got["skyrl"], got["verl"], got["recipe"]) == ("retry", ["retry", "oneshot"], "oneshot")
     assert got["tool"] == "(text: str) -> str" and got["reply"] == trl_adapter.CORRECT
 
 

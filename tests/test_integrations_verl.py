@@ -33,6 +33,7 @@ from corpora import small_corpus
 from doc_blocks import fenced_blocks
 
 VERL_MODULES = ("verl.interactions.base", "verl.interactions.utils.interaction_registry", "verl.utils.import_utils")
+INTERACTION_MODULE = "progress_sql.integrations.verl_interaction"
 
 
 def _verl_root() -> Path:
@@ -54,11 +55,10 @@ def verl_modules():
         sys.modules[name] = module
         spec.loader.exec_module(module)
         loaded[name] = module
-    verl_adapter._built.clear()  # build the interaction on this base class
+    sys.modules.pop(INTERACTION_MODULE, None)  # its class subclasses this base class
     yield loaded
-    for name in VERL_MODULES:
+    for name in (*VERL_MODULES, INTERACTION_MODULE):
         sys.modules.pop(name, None)
-    verl_adapter._built.clear()
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +152,27 @@ def _drive(interaction, row: dict, turns: list[str]) -> tuple[list[dict], list[f
     return messages, turn_scores, replies
 
 
-def _interaction_from_docs(verl_modules, tmp_path):
+def _interactions_from_docs(verl_modules, tmp_path) -> dict:
     (config,) = [b for b in fenced_blocks("docs/integrations/verl.md", "yaml") if "interaction:" in b]
     path = tmp_path / "interaction_config.yaml"
     path.write_text(config, encoding="utf-8")
-    interactions = verl_modules["verl.interactions.utils.interaction_registry"].initialize_interactions_from_config(
-        str(path))
-    return interactions[verl_adapter.INTERACTION_NAME]
+    return verl_modules["verl.interactions.utils.interaction_registry"].initialize_interactions_from_config(str(path))
+
+
+def _interaction_from_docs(verl_modules, tmp_path):
+    return _interactions_from_docs(verl_modules, tmp_path)[verl_adapter.INTERACTION_NAME]
+
+
+def test_the_docs_config_names_one_interaction_per_protocol(verl_modules, tmp_path):
+    """One class for every protocol, the protocol and its default recipe from its config entry; an
+    unknown protocol stops verl's start, naming the known ones."""
+    interactions = _interactions_from_docs(verl_modules, tmp_path)
+    assert {name: (i.protocol, i.recipe) for name, i in interactions.items()} == {
+        verl_adapter.interaction_name("odt"): ("odt", "progress"),
+        verl_adapter.interaction_name("sql_tool"): ("sql_tool", "sql_trail")}
+    cls = type(interactions[verl_adapter.INTERACTION_NAME])
+    with pytest.raises(ValueError, match=r"unknown protocol 'sql'; known: odt, sql_tool"):
+        cls({"name": "x", "protocol": "sql"})
 
 
 def test_the_docs_interaction_runs_algorithm_1(verl_modules, exported, tmp_path):

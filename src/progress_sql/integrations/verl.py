@@ -8,24 +8,24 @@ multi-turn interaction and data preparation.
   ``extra_info["recipe"]``, else ``progress``. It returns a dict: ``score`` and the recipe's
   components, ``correct``, ``turns`` and ``reason`` ('' or why the floor was given), the same
   keys for every call, as verl's reward managers require to batch ``reward_extra_info``.
-- ``ODTFeedbackInteraction``: Algorithm 1 as a verl interaction (a ``BaseInteraction``),
-  named ``progress_sql_odt`` in the interaction config. Each call of ``generate_response``
-  judges the last assistant message as the next turn and answers with the ODT feedback; it
-  ends the rollout at the first correct turn or after T turns. Every protocol
-  (``sessions.PROTOCOLS``) has its interaction, named from its environment's ``Env.adapter``
-  (``SQLToolInteraction``, ``progress_sql_sql_tool``: the SQL tool loop) and built the same way. Its turn score is the recipe's
-  reward of the episode so far, so the last one is the episode's reward; ``compute_score``
-  returns it for rows whose ``extra_info["turn_scores"]`` verl filled. verl 0.7.1 drops an
-  interaction's metadata, so for those rows the components and ``correct`` are NaN (the
-  interaction's ``generate_response`` metadata has them).
+- ``verl_interaction.ProtocolInteraction``: a protocol's episode as a verl interaction (a
+  ``BaseInteraction``), one entry of the interaction config per protocol, its ``config`` naming
+  the protocol: ``odt`` (Algorithm 1, named ``progress_sql_odt``) or any other of
+  ``sessions.PROTOCOLS`` (``sql_tool``, the SQL tool loop: ``progress_sql_sql_tool``). Each call
+  of ``generate_response`` judges the last assistant message as the next turn and answers with
+  the environment's feedback; it ends the rollout at the first correct turn or after T turns.
+  Its turn score is the recipe's reward of the episode so far, so the last one is the episode's
+  reward; ``compute_score`` returns it for rows whose ``extra_info["turn_scores"]`` verl filled.
+  verl 0.7.1 drops an interaction's metadata, so for those rows the components and ``correct``
+  are NaN (the interaction's ``generate_response`` metadata has them).
 - ``export_parquet``: a corpus as verl's RL parquet files (``progress-sql data export-verl``).
 
 verl's agent loop must not cut the episode short: leave ``multi_turn.max_assistant_turns``
 unset or above T (verl stops before asking the interaction otherwise), and give
 ``response_length`` room for T turns and their feedback.
 
-verl is imported only when ``ODTFeedbackInteraction`` is first looked up (a module
-``__getattr__``), pandas only by ``export_parquet``.
+verl is imported only by ``verl_interaction`` (which verl imports itself, from the interaction
+config; SkyRL-gym's ``skyrl_text_env`` is the same), pandas only by ``export_parquet``.
 """
 
 from __future__ import annotations
@@ -42,13 +42,11 @@ from progress_sql.integrations.scoring import (
     score_completion,
     task_settings,
 )
-from progress_sql.integrations.sessions import PROTOCOLS, EpisodeSession
+from progress_sql.integrations.sessions import PROTOCOLS
 from progress_sql.integrations.tasks import task_rows
 from progress_sql.rewards.types import Recipe
 
 DATA_SOURCE = "progress_sql"
-INTERACTIONS = {f"{env.adapter.stem}Interaction": protocol for protocol, env in PROTOCOLS.items()}  # class -> protocol
-_built: dict[str, type] = {}
 
 
 def interaction_name(protocol: str) -> str:
@@ -112,76 +110,6 @@ def compute_score(data_source: Any, solution_str: Any, ground_truth: Any, extra_
                               question=info.get("question", ""), difficulty=info.get("difficulty", ""),
                               db_id=info.get("db_id", ""), semantics=info.get("semantics", "spider"))
     return result_dict(scored, recipe)
-
-
-# ----------------------------------------------------------------------------- interaction
-def _last_assistant_text(messages: Any) -> Any:
-    for message in reversed(messages if isinstance(messages, list) else []):
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            return message.get("content")
-    return None
-
-
-def _build_interaction(cls_name: str) -> type:
-    from verl.interactions.base import BaseInteraction  # noqa: PLC0415 - verl only when used
-
-    protocol = INTERACTIONS[cls_name]
-
-    class Interaction(BaseInteraction):
-        """A protocol's episode as a verl interaction (see the module notes).
-
-        ``config`` (the interaction config's ``config``): ``recipe`` (default the protocol's),
-        ``max_turns`` (the turn budget; default the environment's), ``settings`` (the task
-        sections as a mapping). A row's ``interaction_kwargs``: ``name``, ``db_path``,
-        ``gold_sql`` and the example's columns (``export_parquet`` writes them).
-        """
-
-        def __init__(self, config: dict[str, Any]) -> None:
-            super().__init__(config)
-            self.recipe = config.get("recipe") or PROTOCOLS[protocol].adapter.recipe
-            self.task_settings = task_settings(config.get("settings"))
-            self.max_turns = config.get("max_turns")
-            self._sessions: dict[str, EpisodeSession] = {}
-
-        async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
-            instance_id = await super().start_interaction(instance_id)
-            session = EpisodeSession(protocol, self.recipe, self.task_settings, max_turns=self.max_turns)
-            columns = {k: v for k, v in kwargs.items() if k not in ("name", "db_path", "gold_sql")}
-            session.start(kwargs.get("db_path"), kwargs.get("gold_sql"), **columns)
-            self._sessions[instance_id] = session
-            return instance_id
-
-        async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
-                                    **kwargs: Any) -> tuple[bool, str, float, dict[str, Any]]:
-            session = self._sessions.get(instance_id)
-            if session is None:  # never started: end the rollout at the floor
-                recipe = resolve_recipe(self.recipe)
-                scored = floor(recipe, self.task_settings, "error: interaction not started")
-                return True, "", scored.total, {"reason": scored.reason}
-            reply = session.step(_last_assistant_text(messages))
-            scored = session.score()
-            metadata = {**reply.info, "components": scored.components, "correct": scored.correct,
-                        "reason": scored.reason}
-            return session.done, (reply.text if not session.done else ""), scored.total, metadata
-
-        async def calculate_score(self, instance_id: str | None = None, **kwargs: Any) -> float:
-            session = self._sessions.get(instance_id) if instance_id is not None else None
-            return session.score().total if session is not None else 0.0
-
-        async def finalize_interaction(self, instance_id: str | None = None, **kwargs: Any) -> None:
-            self._sessions.pop(instance_id, None)
-
-    Interaction.__name__ = Interaction.__qualname__ = cls_name
-    Interaction.__module__ = __name__
-    return Interaction
-
-
-def __getattr__(name: str) -> type:
-    if name in INTERACTIONS:
-        if name not in _built:
-            _built[name] = _build_interaction(name)
-        return _built[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- data
