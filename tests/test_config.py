@@ -41,11 +41,11 @@ def test_params_yaml_lists_every_setting_explicitly():
     """Every setting but a registered part's own (``params.part_settings``: a recipe's weights,
     a backend's section, a source's folder and share), which params.yaml may list (whole) or
     leave to the part's module, and those whose default the registry derives (every source)."""
-    from progress_sql.config_reference import missing_params, unlisted_optional
+    from progress_sql.params.reference import missing_params, unlisted_optional
 
     raw = yaml.safe_load(PARAMS.read_text())
     missing = missing_params(PARAMS.read_text())
-    assert not missing, f"params.yaml lacks (python -m progress_sql.config_reference --missing):\n{missing}"
+    assert not missing, f"params.yaml lacks (python -m progress_sql.params.reference --missing):\n{missing}"
     unlisted = unlisted_optional(PARAMS.read_text())
     assert {"data.import_train", "data.import_eval"} <= unlisted  # a new source is imported without a line here
     expected = {k for k in _leaf_keys(Settings().model_dump()) if not any(k.startswith(p + ".") or k == p for p in unlisted)}
@@ -53,7 +53,7 @@ def test_params_yaml_lists_every_setting_explicitly():
 
 
 def test_missing_params_gives_the_yaml_of_what_params_yaml_lacks():
-    from progress_sql.config_reference import missing_params, reference_markdown, unlisted_parts
+    from progress_sql.params.reference import missing_params, reference_markdown, unlisted_parts
 
     raw = yaml.safe_load(PARAMS.read_text())
     del raw["rewards"]["oneshot"]["correct"]
@@ -174,8 +174,8 @@ def test_empty_file_gives_defaults(tmp_path: Path):
 
 def test_configuration_reference_is_in_sync():
     """docs/CONFIG.md is generated from the settings model and params.yaml's comments; the
-    README points to it. Regenerate: python -m progress_sql.config_reference > docs/CONFIG.md"""
-    from progress_sql.config_reference import reference_markdown
+    README points to it. Regenerate: python -m progress_sql.params.reference > docs/CONFIG.md"""
+    from progress_sql.params.reference import reference_markdown
 
     expected = reference_markdown(PARAMS.read_text(encoding="utf-8"))
     assert (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8") == expected

@@ -66,12 +66,12 @@ def test_the_installed_cli_runs_with_a_preset_from_an_empty_folder(installed, tm
 def test_the_installed_package_finds_the_project_from_the_folder_it_runs_in(installed, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    reference = run_installed(installed, empty, "-m", "progress_sql.config_reference")
+    reference = run_installed(installed, empty, "-m", "progress_sql.params.reference")
     assert reference.returncode == 2 and "no params.yaml in" in reference.stderr
     project = tmp_path / "project"
     (project / "docs").mkdir(parents=True)
     shutil.copy(REPO / "params.yaml", project / "params.yaml")
-    reference = run_installed(installed, project / "docs", "-m", "progress_sql.config_reference")
+    reference = run_installed(installed, project / "docs", "-m", "progress_sql.params.reference")
     assert reference.returncode == 0, reference.stderr
     assert reference.stdout == (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
 

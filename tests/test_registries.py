@@ -12,7 +12,7 @@ import pytest
 from progress_sql import envs, rewards, sources
 from progress_sql.params import ALGORITHMS, SettingsError, registered_names, registered_settings, settings_from_dict
 from progress_sql.params.settings import AGGREGATIONS
-from progress_sql.config_reference import params_comments
+from progress_sql.params.reference import params_comments
 from progress_sql.envs import TaskSettings
 from progress_sql.formats import FORMATS, SINGLE_ANSWER_FORMATS, answer_tags, answer_text, parse_output, stop_strings
 from progress_sql.inference.settings import BACKENDS

@@ -8,7 +8,9 @@ One module per concern; the names below are re-exported so that callers import t
 - ``yaml_files``: YAML read as params.yaml is read (YAML 1.2 booleans);
 - ``loading``: a params tree, params.yaml, a preset and ``--set`` overrides into Settings;
 - ``presets``: the named overlays of params.yaml (``configs/presets/``);
-- ``models``: which model settings name local folders, and that those exist.
+- ``models``: which model settings name local folders, and that those exist;
+- ``reference``: docs/CONFIG.md, generated from the settings and params.yaml's comments
+  (``python -m progress_sql.params.reference``; not re-exported).
 """
 
 from progress_sql.params.loading import dotted_items, load_settings, settings_from_dict
@@ -28,7 +30,6 @@ from progress_sql.params.settings import (
     ALGORITHMS,
     EVAL_SPLITS,
     Algorithm,
-    StudySettings,
     CopyWarmupSettings,
     DataSettings,
     EnvSettings,
@@ -49,6 +50,7 @@ from progress_sql.params.settings import (
     Settings,
     SettingsError,
     SFTSettings,
+    StudySettings,
     TrackingSettings,
     default_settings,
     derived_settings,
@@ -61,10 +63,10 @@ from progress_sql.params.yaml_files import yaml_load
 __all__ = [
     "ALGORITHMS", "EVAL_SPLITS", "LOCAL_MODEL_ROOTS", "MODEL_SETTINGS", "NAMING_CASES", "NO_PRESET", "PACKAGE_CONFIGS",
     "PRESETS_SUBDIR",
-    "Algorithm", "StudySettings", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
+    "Algorithm", "CopyWarmupSettings", "DataSettings", "EnvSettings", "EvalSettings", "EvalSplit",
     "GenerationSettings", "HardnessMix", "LoRASettings", "MixRatios", "ModelSettings", "ODTSettings", "RLAsyncSettings",
     "RLSettings", "Registered", "RewardSettings", "SFTSettings", "SandboxSettings", "Settings", "SettingsError",
-    "TrackingSettings",
+    "StudySettings", "TrackingSettings",
     "check_model_paths", "default_settings", "derived_settings", "dotted_items", "is_local_model_path", "load_preset",
     "load_settings", "merge_overlay", "part_settings", "preset_file", "preset_names", "presets_dir", "registered_names",
     "registered_settings", "settings_from_dict", "with_preset", "yaml_load",

@@ -1,8 +1,8 @@
 """The configuration reference (docs/CONFIG.md), generated from the settings model and the
 comments of params.yaml (the project's: that of the working directory or a folder above it),
 so the documentation cannot drift from what is validated:
-``python -m progress_sql.config_reference > docs/CONFIG.md`` (a test compares the two).
-``python -m progress_sql.config_reference --missing`` prints, as YAML to paste into
+``python -m progress_sql.params.reference > docs/CONFIG.md`` (a test compares the two).
+``python -m progress_sql.params.reference --missing`` prints, as YAML to paste into
 params.yaml, the settings that params.yaml does not list yet, with their defaults (``--parts``:
 the optional settings of registered parts too).
 
@@ -26,7 +26,9 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from progress_sql.params import Settings, derived_settings, dotted_items, part_settings, registered_settings, yaml_load
+from progress_sql.params.loading import dotted_items
+from progress_sql.params.settings import Settings, derived_settings, part_settings, registered_settings
+from progress_sql.params.yaml_files import yaml_load
 
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
 
@@ -123,7 +125,7 @@ def reference_markdown(params_text: str) -> str:
         "# Configuration reference",
         "",
         "Every tunable number of the pipeline, as validated by `progress_sql.params.Settings`",
-        "when params.yaml is loaded (generated: `python -m progress_sql.config_reference > docs/CONFIG.md`).",
+        "when params.yaml is loaded (generated: `python -m progress_sql.params.reference > docs/CONFIG.md`).",
         "Override any key on the command line with `--set key=value`, in DVC with",
         "`dvc exp run -S key=value`, or in a Prefect run with the `overrides` parameter.",
         "The settings of a registered part (a reward recipe's weights `rewards.<recipe>`, a generation",
@@ -185,7 +187,7 @@ def find_params(start_dir: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m progress_sql.config_reference [--missing [--parts]]`` on the project's params.yaml."""
+    """``python -m progress_sql.params.reference [--missing [--parts]]`` on the project's params.yaml."""
     try:
         text = find_params().read_text(encoding="utf-8")
     except FileNotFoundError as err:
