@@ -304,3 +304,17 @@ def test_each_seed_run_carries_its_own_seed_in_a_real_store(tmp_path):
     for job in plan.jobs:
         params = runs[run_name(job)].data.params
         assert (params["arm"], params["seed"]) == (job.arm, str(job.seed)), run_name(job)
+
+
+def test_every_shipped_study_is_a_dvc_stage_at_both_scales():
+    """A study is one file of configs/studies/: studies/dvc.yaml's two stages run each of them (its
+    ``foreach`` lists the folder's files, no more, no fewer), and the form's arms are theirs."""
+    from flows.pipeline import ARMS
+    from progress_sql.studies import arm_names, study_names
+    from progress_sql.studies.spec import studies_dir
+
+    folder = studies_dir(REPO / "params.yaml")
+    stages = yaml.safe_load((REPO / "studies" / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    assert {name: sorted(stage["foreach"]) for name, stage in stages.items()} == {
+        "demo": sorted(study_names(folder)), "paper": sorted(study_names(folder))}
+    assert ARMS == arm_names(folder)
