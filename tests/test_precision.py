@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from progress_sql.train.precision import autocast_dtype, has_bf16, training_autocast  # noqa: E402
+from progress_sql.inference.models import has_bf16  # noqa: E402
+from progress_sql.train.precision import autocast_dtype, training_autocast  # noqa: E402
 
 CPU = torch.device("cpu")
 

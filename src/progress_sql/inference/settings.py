@@ -28,7 +28,9 @@ class VLLMSettings(Section):
 
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)  # GPU: share of its memory vLLM takes
     cpu_kv_cache_gib: float = Field(1.0, gt=0.0, le=1024.0)  # CPU: KV cache size in GiB (RAM it reserves)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # float32: the trainer's precision
+    # auto: bfloat16 where the device computes it natively (a bf16 GPU, a CPU with AVX512-BF16 or
+    # AMX), else float32 (backends.vllm.engine_dtype); float32: the trainer's precision
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     enforce_eager: bool = True  # no torch.compile: engine start in seconds, not minutes (CPU)
     timeout_s: float = Field(600.0, gt=0.0)  # a generate call or weight sync that takes longer fails
     # GPU: vLLM sleeps while the trainer updates (its memory freed, as TRL's vllm_enable_sleep_mode

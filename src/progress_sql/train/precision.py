@@ -16,24 +16,14 @@ from typing import Literal
 
 import torch
 
+from progress_sql.inference.models import has_bf16
+
 AutocastMode = Literal["auto", "bf16", "off"]
 # oneDNN (and ideep above it) compile a bf16 matrix-product kernel for each shape and cache up to
 # 1,024 of each; a training step's token count changes with every batch, so a run's resident
 # memory grew ~25 MB a step with SmolLM2 (to GBs over a run). 64 holds the ~15 kernels of a step
 # (forward and backward of each projection) and a few steps more, at the same speed.
 KERNEL_CACHE = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def has_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes bf16 matrix products natively."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and cpu_has_bf16()
 
 
 def autocast_dtype(mode: AutocastMode, device: torch.device, weights: torch.dtype = torch.float32
