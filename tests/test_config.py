@@ -122,6 +122,7 @@ def test_defaults_md_numbers_are_present():
         # renamed keys name their new name ("pool" is the sandbox's, sql.pool)
         ({"rl": {"question_pool": "solved"}}, "rl.question_pool is now rl.questions"),
         ({"rl": {"pool_candidates": 40}}, "rl.pool_candidates is now rl.solved_candidates"),
+        ({"compare": {"max_parallel": 1}}, "compare is now study"),  # the section of `progress-sql study`
     ],
 )
 def test_invalid_settings_name_the_key(raw, fragment):

@@ -616,6 +616,7 @@ class StudySettings(_Section):
 
 # ----------------------------------------------------------------------------- root
 class Settings(_Section):
+    moved_keys = {"compare": "study"}  # the section of `progress-sql study`, once `compare-run`
     seed: int = Field(0, ge=0)
     sandbox: SandboxSettings = SandboxSettings()
     odt: ODTSettings = ODTSettings()
