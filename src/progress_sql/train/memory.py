@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import time
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ RELEASE_INTERVAL_S = 1.0
 _last_release = float("-inf")
 
 
+@functools.cache  # find_library runs ldconfig: once a process, not once a step
 def _glibc_function(name: str) -> Callable[..., int] | None:
     """The C library's function ``name``, or None where the C library is not glibc."""
     try:
