@@ -489,12 +489,11 @@ def part_real(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     splits = {name: list(read_jsonl(layout.split(name)))[:args.real_examples] for name in ("indomain", "dev")}
 
     def ex(folder: Path) -> dict[str, float]:
-        chat = ChatModel.load(folder, settings.generation, dtype="auto", seed=settings.seed)
         found = {}
-        for name, examples in splits.items():
-            evals = greedy_answers(settings, chat, layout.root, examples)
-            found[name] = sum(ev.greedy is not None and ev.greedy.verdict.correct for ev in evals) / len(evals)
-        del chat
+        with ChatModel.load(folder, settings.generation, dtype="auto", seed=settings.seed) as chat:
+            for name, examples in splits.items():
+                evals = greedy_answers(settings, chat, layout.root, examples)
+                found[name] = sum(ev.greedy is not None and ev.greedy.verdict.correct for ev in evals) / len(evals)
         return found
 
     zero_shot = ex(model_dir)

@@ -430,7 +430,7 @@ def test_own_revision_dialogues_put_the_policys_own_wrong_answer_before_the_feed
         dialogues, counts = own_revision_dialogues(settings, chat, layout, examples)
         answers = judged_answers(settings, chat, layout, examples, 2)  # the same seeded samples
     finally:
-        chat.backend.close()
+        chat.close()
     wrong = {(ex.id, text) for ex, row in zip(examples, answers) for text, right in row if not right}
     assert counts["questions"] == 6 and counts["answers"] == 12 and counts["wrong"] == 12  # an untrained policy
     assert counts["dialogues"] == len(dialogues) <= counts["kept"] <= 12 and dialogues

@@ -274,3 +274,30 @@ def test_a_terminated_command_shuts_its_engine_down(tiny, tmp_path):
         for child in engine:
             if child.is_running():
                 child.kill()
+
+
+def test_a_finished_command_closes_its_engine(tiny, tmp_path):
+    """`progress-sql eval` that ends normally closes the vLLM engine it loaded, so its weights
+    folder in /dev/shm (named by the process) is gone: the evaluation used to leave the engine
+    to vLLM's exit hook and the folder in memory until a reboot."""
+    import glob
+    import subprocess
+    import sys
+
+    corpus, base = tiny
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    sets = {"generation.backend": "vllm", "generation.vllm.cpu_kv_cache_gib": 0.25, "generation.max_prompt_tokens": 480,
+            "generation.vllm.timeout_s": 240.0, "generation.max_new_tokens": 8, "eval.max_examples": 2,
+            "eval.vote_k": 0, "eval.pass_k": 0, "eval.splits": "[train]", "tracking.enabled": "false"}
+    cmd = [sys.executable, "-c", "from progress_sql.cli import main; main()", "eval", "--model", str(base),
+           "--corpus", str(corpus), "--out", str(tmp_path / "eval"), "--params", str(tmp_path / "params.yaml")]
+    cmd += [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert not glob.glob(f"/dev/shm/progress-sql-vllm-{proc.pid}-*")  # the weights folder close() removes

@@ -295,7 +295,7 @@ def ask(settings: Settings, model: str, db_path: str | Path, question: str, *, e
     from progress_sql.inference.ask import answer_on_database
     from progress_sql.tracking.model_registry import local_model_dir
 
-    chat = ChatModel.load(local_model_dir(model, settings), settings.generation, dtype=settings.model.dtype,
-                          seed=settings.seed)
-    return answer_on_database(chat, db_path, question, rewards.get(settings.rl.recipe).fmt, settings.env,
-                              settings.sandbox, evidence=evidence, seed=settings.seed)
+    with ChatModel.load(local_model_dir(model, settings), settings.generation, dtype=settings.model.dtype,
+                        seed=settings.seed) as chat:
+        return answer_on_database(chat, db_path, question, rewards.get(settings.rl.recipe).fmt, settings.env,
+                                  settings.sandbox, evidence=evidence, seed=settings.seed)

@@ -36,6 +36,10 @@ class Generator(Protocol):
         self, requests: Sequence[Request], *, n: int, temperature: float, top_p: float, seed: int | None
     ) -> list[list[Any]]: ...
 
+    def close(self) -> None:
+        """Release what generating holds (a model's engine); called by whoever made it."""
+        ...
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -70,6 +74,9 @@ class OracleGenerator:
             text = oracle_answer(r.example, r.fmt)
             out.append([Completion(text, len(text.split()), "stop")] * n)
         return out
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def make_generator(model: str, settings: Settings) -> Generator:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections import Counter
@@ -375,7 +376,8 @@ def run_eval(
     metrics: dict[str, Any] = {}
     records: dict[str, list[dict[str, Any]]] = {}
     schema_texts = SchemaTexts.for_corpus(layout, settings.env.prompt_style)
-    with SQLPool(settings=settings.sandbox) as pool:
+    # a model loaded here is closed here (a given generator is its caller's)
+    with SQLPool(settings=settings.sandbox) as pool, (closing(generator) if generator is not model else nullcontext()):
         judge = BatchVerdicts(settings.sandbox, pool=pool, gold_cache=GoldCache(settings=settings.sandbox))
         for name, examples in data.items():
             if not examples:

@@ -3,9 +3,9 @@ adapter, ``ChatModel``, that rollouts, evaluation, SFT checks and serving genera
 
 >>> from progress_sql.envs import Request
 >>> from progress_sql.inference.policy import ChatModel
->>> model = ChatModel.load("outputs/rl", settings.generation)              # doctest: +SKIP
->>> model.complete([Request(messages, "think_sql")], n=1, temperature=0.0,
-...                top_p=1.0, seed=None)[0][0].text                         # doctest: +SKIP
+>>> with ChatModel.load("outputs/rl", settings.generation) as model:      # doctest: +SKIP
+...     model.complete([Request(messages, "think_sql")], n=1, temperature=0.0,
+...                    top_p=1.0, seed=None)[0][0].text
 
 Modules, each imported by name (this package imports none of them, so ``import
 progress_sql.inference.settings`` imports no torch; the task module below this package, sql,

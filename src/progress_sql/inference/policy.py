@@ -258,6 +258,18 @@ class ChatModel:
         path = None if name in BUNDLED_MODELS else name  # vLLM loads a folder or hub id itself
         return cls(name, make_backend(generation, model, tokenizer, path, seed=seed), tokenizer, generation)
 
+    def close(self) -> None:
+        """Release the backend (vLLM's engine process and its shared-memory folder): a loaded
+        model is closed by whoever loaded it, here or by ``with``, or vLLM's exit hook kills the
+        engine mid-way and leaves the folder behind."""
+        self.backend.close()
+
+    def __enter__(self) -> "ChatModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def complete(
         self, requests: Sequence[Request], *, n: int, temperature: float, top_p: float, seed: int | None
     ) -> list[list[Sample]]:

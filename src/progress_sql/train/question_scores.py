@@ -143,11 +143,8 @@ def score_train_questions(settings: Settings, corpus_dir: str | Path, out: str |
     pool = question_pool(train_questions(settings, layout), rl.scores.pool, rl.seed)
     started = time.monotonic()
     # fp32 weights, as an RL run loads them for its sampler (vLLM takes generation.vllm.dtype)
-    chat = ChatModel.load(rl.init_from, settings.generation, dtype="float32", seed=settings.seed)
-    try:
+    with ChatModel.load(rl.init_from, settings.generation, dtype="float32", seed=settings.seed) as chat:
         correct = judged_samples(settings, chat, layout, pool, rl.scores.k, progress=progress)
-    finally:
-        chat.backend.close()
     k = rl.scores.k
     rows = [{"example_id": ex.id, "k": k, "correct": c, "rate": c / k} for ex, c in zip(pool, correct)]
     summary = {**summary_of(rows, k), "seconds": time.monotonic() - started, "policy": rl.init_from,

@@ -219,12 +219,9 @@ def revise_on_own_mistakes(model: Any, tokenizer: Any, settings: Settings, layou
         if lora:  # save_policy merged the adapters into the weights in place
             model = with_lora(model.get_base_model(), settings.sft.lora)
         # fp32 weights, as an RL run loads them for its sampler (vLLM takes generation.vllm.dtype)
-        chat = ChatModel.load(plain_dir, settings.generation, dtype="float32", seed=settings.seed)
-        try:
+        with ChatModel.load(plain_dir, settings.generation, dtype="float32", seed=settings.seed) as chat:
             dialogues, counts = own_revision_dialogues(settings, chat, layout,
                                                        question_pool(train, own.questions, settings.seed), progress)
-        finally:
-            chat.backend.close()
     rng = random.Random(f"{settings.seed}:sft-own-replay")
     replayed = rng.sample(list(plain), min(len(plain), round(own.replay * len(dialogues))))
     result: dict[str, Any] = {**counts, "replayed": len(replayed), "steps": 0}
@@ -566,6 +563,6 @@ def greedy_ex(model_dir: str | Path, corpus_dir: str | Path, split: str = "dev",
     examples = list(read_jsonl(layout.split(split)))[: limit or None]
     if not examples:
         raise CorpusError(f"{layout.split(split)}: no examples")
-    evals = greedy_answers(settings, ChatModel.load(model_dir, settings.generation, dtype=settings.model.dtype,
-                                                        seed=settings.seed), layout.root, examples)
+    with ChatModel.load(model_dir, settings.generation, dtype=settings.model.dtype, seed=settings.seed) as chat:
+        evals = greedy_answers(settings, chat, layout.root, examples)
     return sum(ev.greedy is not None and ev.greedy.verdict.correct for ev in evals) / len(evals)

@@ -253,8 +253,9 @@ class VLLMBackend:
         if self.tokenizer is None:
             self.tokenizer = self.llm.get_tokenizer()
             self.eos_ids = eos_token_ids(None, self.tokenizer)
-        shm = Path("/dev/shm")
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="progress-sql-vllm-", dir=shm if shm.is_dir() else None))
+        shm = Path("/dev/shm")  # named by the process, so a folder left by a killed one says whose it was
+        self._weights_dir = Path(tempfile.mkdtemp(prefix=f"progress-sql-vllm-{os.getpid()}-",
+                                                  dir=shm if shm.is_dir() else None))
         self._dead: str | None = None
 
     # -- waiting on the engine, never forever
