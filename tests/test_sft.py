@@ -328,6 +328,31 @@ def test_sft_respects_max_seq_len_and_the_time_budget(workdir, tmp_path):
                 progress=False)
 
 
+def test_the_heap_goes_back_after_the_backward_pass_before_each_step(workdir, tmp_path, monkeypatch):
+    """The freed activations' heap is trimmed before the optimizer step allocates its own
+    temporaries on top (2026-12-07-training-memory.md: SmolLM2's SFT peak 0.12 GiB lower, no creep)."""
+    from progress_sql.train import sft as sft_module
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    events = []
+    release = sft_module.release_free_heap
+
+    def recorded_release():
+        events.append("release")
+        return release()
+
+    monkeypatch.setattr(sft_module, "release_free_heap", recorded_release)
+    hook = register_optimizer_step_pre_hook(lambda *_: events.append("step"))
+    try:
+        settings = make_settings(workdir, max_examples=16, epochs=1.0, revision_share=0.0,
+                                 out_dir=str(tmp_path / "heap"))
+        result = run_sft(settings, workdir / "corpus", out_dir=tmp_path / "heap", progress=False)
+    finally:
+        hook.remove()
+    assert result.steps == 2
+    assert events == ["release", "step"] * 2
+
+
 def test_copy_rows_add_the_copy_loss_on_fresh_strings_to_each_step(workdir, tmp_path):
     """With sft.copy_rows the step's loss is the SFT loss plus the copy-warmup loss on that many
     random strings (drawn from the seed): step 1 shows both terms, computed on the start model."""

@@ -172,10 +172,10 @@ class TorchEngine:
         if not self._last:
             return False
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip))
+        release_free_heap()  # the freed activations' heap, before the step adds its own
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        release_free_heap()
         return True
 
     @property

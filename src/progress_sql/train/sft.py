@@ -494,8 +494,8 @@ def _train(model: Any, tokenizer: Any, encoded: list[tuple[list[int], list[int]]
                 loss, total_loss, processed = loss_of([encoded[i] for i in batch], done)
                 total_loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+                release_free_heap()  # the freed activations' heap, before the step adds its own
                 optimizer.step()
-                release_free_heap()
                 done.losses.append(float(loss.detach()))
                 done.tokens += processed
                 done.sequence_tokens += sum(lengths[i] for i in batch)
