@@ -330,7 +330,7 @@ def test_sft_respects_max_seq_len_and_the_time_budget(workdir, tmp_path):
 
 def test_the_heap_goes_back_after_the_backward_pass_before_each_step(workdir, tmp_path, monkeypatch):
     """The freed activations' heap is trimmed before the optimizer step allocates its own
-    temporaries on top (2026-12-07-training-memory.md: SmolLM2's SFT peak 0.12 GiB lower, no creep)."""
+    temporaries on top (2026-12-07-heap-before-the-step.md: SmolLM2's SFT peak 2.90 -> 2.79 GiB, no creep)."""
     from progress_sql.train import sft as sft_module
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 

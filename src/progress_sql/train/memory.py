@@ -50,9 +50,10 @@ def release_free_heap() -> bool:
     optimizer step: the activations are freed by then, and the step's own temporaries come on
     top of what stays resident. Blocks below ``MMAP_THRESHOLD`` come from the heap's arenas, and
     what a step frees there stays resident: SmolLM2's SFT crept up ~6 MB a step without it, flat
-    with it; RL's trainer held 6.5 GiB between steps without it, 2.5 with it; trimmed before the
-    step rather than after it, SFT's peak fell 0.12 GiB more
-    (docs/experiments/2026-12-07-training-memory.md). At most once every ``RELEASE_INTERVAL_S``."""
+    with it; RL's trainer held 6.5 GiB between steps without it, 2.5 with it
+    (docs/experiments/2026-12-07-training-memory.md); trimmed before the step rather than after
+    it, SFT's peak went from 2.90 to 2.79 GiB (2026-12-07-heap-before-the-step.md). At most once
+    every ``RELEASE_INTERVAL_S``."""
     global _last_release
     now = time.monotonic()
     if now - _last_release < RELEASE_INTERVAL_S:
