@@ -14,7 +14,7 @@ of its own, old against new in the same run:
   (goal ≥ 1.5×), and how far bf16's log-probabilities are from fp32's.
 - ``sft``: ``--sft-steps`` SFT steps of the preset (batches of 8 from one database) as before
   (no layer checkpointing, glibc's heap as it comes, autocast's cache of bf16 weights) and as now
-  (``sft.gradient_checkpointing``, large blocks mapped and the freed heap given back after each
+  (``sft.gradient_checkpointing``, large blocks mapped and the freed heap given back before each
   step: ``train.memory``; no cache of weight casts: ``train.precision``): peak resident memory
   (VmHWM; goal ≤ 3 GB),
   sequence tokens/s, and the losses of the first and last step, which must agree.

@@ -134,7 +134,7 @@ def lr_lambda(rl: RLSettings, total_updates: int) -> Callable[[int], float]:
 # ----------------------------------------------------------------------------- engines
 class TorchEngine:
     """Plain torch: AdamW, gradient accumulation until the batch's last micro-batch, clipping;
-    after each step the heap's free pages go back to the system (``train.memory``)."""
+    before each optimizer step the heap's free pages go back to the system (``train.memory``)."""
 
     kind = "torch"
     zero_stage = 0

@@ -7,7 +7,7 @@ resident and fragment, and the process grows to several times what is live (Smol
 0.65 GB more at its peak than with the threshold fixed, which leaves 0.2 GB; bench/bench_cores.py).
 With the threshold fixed at ``MMAP_THRESHOLD`` every block that large is a mapping of its own,
 given back to the system when the tensor is freed; what a step frees below it goes back
-after the step (``release_free_heap``).
+before the optimizer step (``release_free_heap``).
 """
 
 from __future__ import annotations
