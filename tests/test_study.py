@@ -87,7 +87,7 @@ def _study_runs(uri: str, flow_run_id: str | None = None) -> tuple[object, dict[
     assert len(by_name) == len(children)  # the names tell them apart
     assert all(r.data.tags["mlflow.source.name"] == parent.data.tags["mlflow.source.name"] for r in children)
     if flow_run_id is None:  # the shared SFT, named by the format it teaches and the arms it serves
-        assert by_name["sft think_sql (oneshot, single-turn)"].data.tags["progress_sql.stage"] == "sft"
+        assert by_name["sft think_sql (oneshot, single-turn, start)"].data.tags["progress_sql.stage"] == "sft"
     for arm, recipe in (("single-turn", "progress"), ("oneshot", "oneshot")):
         run = by_name[f"{arm} seed 1"]
         metrics = list(run.data.metrics)
@@ -108,7 +108,9 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     not_a_model.mkdir()
     # Two single-turn arms (Progress-SQL's reward without its multi-turn rollouts, and the one-shot
     # baseline) share one SFT checkpoint: the cheapest pair that exercises the sharing.
+    # A third arm without RL evaluates that SFT checkpoint, the start the others are tested against.
     arms = [{"name": "single-turn", "preset": "progress-sql-single-turn"}, {"name": "oneshot", "preset": "oneshot"},
+            {"name": "start", "preset": "oneshot", "rl": False},
             {"name": "broken", "preset": "oneshot", "overrides": {"rl.init_from": str(not_a_model)}}]
     params = _write(tmp_path, "two", arms)
     cli_places = _places(tmp_path / "cli")
@@ -122,6 +124,11 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     assert cli_table["arms"]["single-turn"]["seeds"] == [1] and cli_table["arms"]["broken"]["seeds"] == []
     md = (report / "report.md").read_text()
     assert "| oneshot | dev | greedy | 1 | 2 |" in md  # the paired test of oneshot against the first arm
+    assert "| start | dev | greedy | 1 | 2 |" in md and "No RL for start" in md
+    start = json.loads((tmp_path / "cli" / "out" / "two" / "cpu-demo" / "start" / "seed-1" / "result.json").read_text())
+    assert (start["status"], start["rl_steps"], start["generated_tokens"], start["metrics"]["dev/greedy/n"]) == (
+        "done", 0, 0.0, 2)
+    assert not (tmp_path / "cli" / "out" / "two" / "cpu-demo" / "start" / "seed-1" / "rl").exists()
     assert "Failed or missing runs" in md and "broken/seed-1" in md
     # figures inlined in both, so any viewer of either file shows them
     assert "![RL reward and rollout EX per step](data:image/png;base64," in md and "](curves.png)" not in md
@@ -137,13 +144,14 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
                                                              "params.yaml --set")
     assert parent.data.tags["progress_sql.command"].split()[-1] == f"tracking.tracking_uri={cli_places['tracking.tracking_uri']}"
     assert children["broken seed 1"].info.status == "FAILED"
+    assert children["start seed 1"].data.params["rl.steps"] == "0"  # evaluated as RL would start it
     assert children["oneshot seed 1"].data.metrics["dev/greedy/ex"] == cli_table["arms"]["oneshot"]["ex"]["dev/greedy"][0]
     assert {"study/report.md", "study/report.html"} <= {
         f.path for f in client.list_artifacts(parent.info.run_id, "study")}
 
     # A rerun runs the missing arm only.
     again = _cli("--preset", "cpu-demo", "study", "two", "--params", str(params), *_sets(cli_places), cwd=tmp_path)
-    assert again.returncode == 1 and "3 arm × seed runs, 2 done before, 1 to run" in again.stdout, again.stdout
+    assert again.returncode == 1 and "4 arm × seed runs, 3 done before, 1 to run" in again.stdout, again.stdout
 
     # The Prefect flow, against a real server, on the same study in another folder (sharing
     # the shared outputs): the same table, the same metrics, the failure named in its state.
@@ -245,7 +253,7 @@ def test_picked_arms_run_in_the_order_given_and_their_runs_name_what_tells_them_
 
 def test_the_scale_wins_for_paths_and_sizes_and_the_method_keeps_its_protocol():
     demo = make_plan("methods", REPO / "params.yaml", "cpu-demo")  # its cpu-demo budget: G = 4 for all
-    assert len(demo.jobs) == 10  # 5 arms × 2 seeds
+    assert len(demo.jobs) == 12  # 6 arms × 2 seeds (sft among them: no RL)
     assert {(j.settings.rl.group_size, j.settings.rl.questions_per_step) for j in demo.jobs} == {(4, 4)}
     # each paper's G, the budget matched in trajectories (a multiple of lcm(8, 6, 5) = 120)
     plan = make_plan("methods", REPO / "params.yaml", "cpu-demo",
@@ -318,3 +326,33 @@ def test_every_shipped_study_is_a_dvc_stage_at_both_scales():
     assert {name: sorted(stage["foreach"]) for name, stage in stages.items()} == {
         "demo": sorted(study_names(folder)), "paper": sorted(study_names(folder))}
     assert ARMS == arm_names(folder)
+
+
+def test_arms_drawing_from_a_band_share_each_seeds_scores_and_the_sft_arm_trains_nothing(tmp_path):
+    """rl.questions band (the cpu-smollm2 scale's): the study scores the train questions as a shared
+    stage, once a seed, for the arms of one output format, and each arm's run accepts those scores
+    (built here for real at the smallest sizes); the sft arm needs none."""
+    from progress_sql.corpus.records import CorpusLayout
+    from progress_sql.studies import build_shared, shared_keys
+    from progress_sql.studies.spec import arm_params
+    from progress_sql.train.question_scores import band_ids
+
+    places = _places(tmp_path / "run")
+    overrides = {**places, "rl.questions": "band", "rl.scores.pool": 3, "rl.scores.k": 2, "tracking.enabled": False}
+    plan = make_plan("methods", REPO / "params.yaml", "cpu-demo", arms=["sft", "progress-sql", "oneshot"],
+                     overrides=overrides, budget_overrides={"seeds": 2})
+    jobs = {j.label: j for j in plan.jobs}
+    assert jobs["sft/seed-1"].scores is None and not jobs["sft/seed-1"].rl
+    assert arm_params(plan, jobs["sft/seed-1"])["rl.steps"] == 0
+    assert jobs["progress-sql/seed-1"].scores == jobs["oneshot/seed-1"].scores != jobs["progress-sql/seed-2"].scores
+    assert any("once a seed" in note for note in plan.notes) and any("No RL for sft" in note for note in plan.notes)
+    keys = shared_keys(plan)
+    assert [k.split("-")[0] for k in keys] == ["corpus", "tiny", "sft", "scores", "scores"]
+    for key in keys[:4]:
+        build_shared(plan, key, log=lambda _: None)
+    for label in ("progress-sql/seed-1", "oneshot/seed-1"):  # the same scores, made as either run makes them
+        s = jobs[label].settings
+        assert s.rl.scores.out_dir == str(plan.shared_dir / keys[3])
+        assert isinstance(band_ids(s, CorpusLayout(Path(s.data.out_dir))), list)
+    scored = [json.loads(line) for line in (plan.shared_dir / keys[3] / "scores.jsonl").read_text().splitlines()]
+    assert len(scored) == 3 and {row["k"] for row in scored} == {2}

@@ -39,8 +39,9 @@ def study(
         typer.echo("\n".join(plan.notes))
         for job in plan.jobs:
             s = job.settings
-            typer.echo(f"{job.label}: {s.rl.recipe}/{s.rl.env}/{s.rl.algorithm} G={s.rl.group_size} "
-                       f"questions={s.rl.questions_per_step} steps={s.rl.steps} from {s.rl.init_from} → {job.run_dir}")
+            what = (f"{s.rl.recipe}/{s.rl.env}/{s.rl.algorithm} G={s.rl.group_size} questions={s.rl.questions_per_step} "
+                    f"steps={s.rl.steps} from" if job.rl else "no RL, evaluates")
+            typer.echo(f"{job.label}: {what} {s.rl.init_from} → {job.run_dir}")
         return
     outcome = run_study(plan, log=typer.echo)
     typer.echo(f"\n{outcome.table}\n")

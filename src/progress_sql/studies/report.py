@@ -156,6 +156,8 @@ def _curves(plan: Plan, results: Sequence[JobResult]) -> dict[str, dict[str, lis
         for r in _done(results):
             if r.arm == arm:
                 path = Path(r.run_dir) / "rl" / "metrics.jsonl"
+                if not path.is_file():  # an arm without RL has no curve
+                    continue
                 runs.append([json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()])
         if not runs:
             continue

@@ -3,7 +3,8 @@ evaluation), each recorded in its folder, so a rerun does only what is missing.
 
 The CLI (``progress-sql study``) calls ``run_study``; the Prefect flow calls the same
 pieces one by one (``build_shared``, ``run_job``, ``finish``) to make each a task run. Each piece
-calls the functions of ``progress_sql.stages``, as ``progress-sql train rl`` and ``eval`` do.
+calls the functions of ``progress_sql.stages``, as ``progress-sql train score``, ``train rl`` and
+``eval`` do.
 
 On disk, per job: ``result.json`` when it finished (with the fingerprint of its settings: a
 job whose settings changed runs again), ``failed.json`` when it failed (the error; the job runs
@@ -38,9 +39,9 @@ ARM_KIND = "arm"
 
 # ----------------------------------------------------------------------------- shared stages
 def shared_keys(plan: Plan) -> list[str]:
-    """The shared outputs the plan needs, in build order (corpora, tiny policies, SFT)."""
-    order = {"corpus": 0, "tiny": 1, "sft": 2}
-    keys = {k for job in plan.jobs for k in (job.corpus, job.tiny, job.sft) if k is not None}
+    """The shared outputs the plan needs, in build order (corpora, tiny policies, SFT, scores)."""
+    order = {"corpus": 0, "tiny": 1, "sft": 2, "scores": 3}
+    keys = {k for job in plan.jobs for k in job.needs}
     return sorted(keys, key=lambda k: (order[k.split("-")[0]], k))
 
 
@@ -50,7 +51,7 @@ def build_shared(plan: Plan, key: str, log: Log = print) -> str:
 
     path = plan.shared_dir / key
     marker = plan.shared_dir / f"{key}.done"
-    users = sorted({j.arm for j in plan.jobs if key in (j.corpus, j.tiny, j.sft)})
+    users = sorted({j.arm for j in plan.jobs if key in j.needs})
     if marker.is_file():
         log(f"shared {key}: reused (arms {', '.join(users)})")
         return str(path)
@@ -61,6 +62,8 @@ def build_shared(plan: Plan, key: str, log: Log = print) -> str:
         stages.build_data(settings, path, progress=False)
     elif kind == "tiny":
         stages.init_model(settings, settings.data.out_dir, path, progress=False)
+    elif kind == "scores":
+        stages.score_questions(settings, settings.data.out_dir, out=path, report_dir=path / "report", progress=False)
     else:  # its run named by the format it teaches and its arms: two arms of one format may need two
         fmt = rewards.get(settings.rl.recipe).fmt
         stages.sft(settings, settings.data.out_dir, out=path, report_dir=path / "report", progress=False,
@@ -101,7 +104,8 @@ def parent_run_name(plan: Plan) -> str:
 
 
 def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = print) -> JobResult:
-    """RL then evaluation of one arm × seed (resumed from a checkpoint of the same settings), as
+    """RL then evaluation of one arm × seed (resumed from a checkpoint of the same settings; an
+    arm without RL evaluates ``rl.init_from``), as
     an MLflow child run of ``parent_run_id`` that holds what a study reads off its row: the
     EX of every split and mode first (the single pipeline's metric names), then the other
     evaluation metrics, the RL summary and the cost; the key settings as params; the evaluation
@@ -121,11 +125,14 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
     try:
         with tracking.child_pipeline_run(s, run_name(job), parent_run_id, tags=tags, params=arm_params(plan, job)):
             start = time.monotonic()
-            rl, rl_summary = stages.train_rl(s, corpus, out=job.run_dir / "rl", resume="auto",
-                                             report_dir=job.run_dir / "reports", progress=False)
+            model, rl_summary = s.rl.init_from, {}
+            if job.rl:
+                rl, rl_summary = stages.train_rl(s, corpus, out=job.run_dir / "rl", resume="auto",
+                                                 report_dir=job.run_dir / "reports", progress=False)
+                model = str(rl.final_dir)
             rl_seconds = time.monotonic() - start
             start = time.monotonic()
-            ev = stages.evaluate(s, str(rl.final_dir), corpus, s.eval.splits, job.run_dir / "eval", progress=False)
+            ev = stages.evaluate(s, model, corpus, s.eval.splits, job.run_dir / "eval", progress=False)
             eval_seconds = time.monotonic() - start
             steps, tokens = _rollout_cost(job)
             tracking.log_metrics({**tracking.ex_first(ev.flat, plan.budget.splits), **rl_summary,
@@ -150,8 +157,10 @@ def run_job(plan: Plan, job: Job, parent_run_id: str | None = None, log: Log = p
 
 def _rollout_cost(job: Job) -> tuple[int, float]:
     """(RL steps, generated tokens) from the run's metrics.jsonl: each step's mean sampled
-    tokens × its trajectories."""
+    tokens × its trajectories (none without RL)."""
     path = job.run_dir / "rl" / "metrics.jsonl"
+    if not job.rl:
+        return 0, 0.0
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     n = job.settings.rl.questions_per_step * job.settings.rl.group_size
     return len(rows), float(sum(row.get("response_tokens/mean", 0.0) * n for row in rows))

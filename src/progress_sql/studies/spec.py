@@ -13,9 +13,12 @@ are) every arm × seed becomes a ``Job`` whose settings are layered, last wins:
 4. the arm's overrides;
 5. the budget: questions_per_step = trajectories_per_step / G, rl.steps, rl.max_minutes,
    eval.splits (and eval.max_examples), then the seed (``seed`` and ``rl.seed``);
-6. the paths: shared stages (corpus, tiny policy, SFT) in folders keyed by the settings they
-   read, so arms that would build the same output share it; each job's RL and evaluation in
-   its own folder.
+6. the paths: shared stages (corpus, tiny policy, SFT, and the question scores that
+   ``rl.questions: band`` draws by) in folders keyed by the settings they read, so arms that would
+   build the same output share it; each job's RL and evaluation in its own folder.
+
+An arm with ``rl: false`` trains nothing: it evaluates the policy the other arms start RL from
+(the SFT baseline of the ``methods`` study), so RL is tested against it question by question.
 
 Everything checkable is checked here, before anything runs (``StudyError``).
 """
@@ -33,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from progress_sql import rewards
+from progress_sql.train.question_scores import scoring_settings
 from progress_sql.params import (
     NO_PRESET,
     PACKAGE_CONFIGS,
@@ -76,6 +80,7 @@ class Arm(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a folder and an MLflow run name
     preset: str = Field(min_length=1)
     overrides: dict[str, Any] = {}  # dotted keys, as --set takes them
+    rl: bool = True  # false: no RL; the arm evaluates the policy RL would start from (its SFT checkpoint)
 
 
 class Budget(_Strict):
@@ -234,6 +239,12 @@ def sft_key(s: Settings) -> str:
                             tree, rewards.get(s.rl.recipe).fmt, s.seed])
 
 
+def scores_key(s: Settings) -> str:
+    """The question scores' key (``rl.questions: band``): their corpus, policy and the settings
+    that decide them, the seed among them (arms of one output format share a seed's scores)."""
+    return "scores-" + _digest([corpus_key(s), s.rl.init_from, scoring_settings(s)])
+
+
 @dataclass(frozen=True)
 class Job:
     """One arm × seed: its settings (paths resolved) and what it needs built first."""
@@ -245,10 +256,17 @@ class Job:
     corpus: str  # keys of the shared stages (folders under Plan.shared_dir)
     tiny: str | None  # None: SFT starts from sft.init_from as it is
     sft: str | None  # None: RL starts from rl.init_from as it is
+    scores: str | None = None  # the question scores RL draws by (rl.questions band); None: none needed
+    rl: bool = True  # False: no RL, rl.init_from is evaluated as it is
 
     @property
     def label(self) -> str:
         return f"{self.arm}/seed-{self.seed}"
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The shared outputs this job reads, in build order."""
+        return tuple(k for k in (self.corpus, self.tiny, self.sft, self.scores) if k is not None)
 
     @property
     def fingerprint(self) -> str:
@@ -345,8 +363,13 @@ def make_plan(name: str, params: str | Path = "params.yaml", scale: str = NO_PRE
         for seed in range(1, budget.seeds + 1):
             run_dir = out_dir / arm.name / f"seed-{seed}"
             paths = _paths(plan, unseeded, keys, run_dir)
-            settings = _load(params, scale, {**layered, "seed": seed, "rl.seed": seed, **paths}, arm)
-            plan.jobs.append(Job(arm.name, seed, settings, run_dir, *keys))
+            seeded = {**layered, "seed": seed, "rl.seed": seed, **paths}
+            settings = _load(params, scale, seeded, arm)
+            scores = scores_key(settings) if arm.rl and settings.rl.questions == "band" else None
+            if scores is not None:
+                settings = _load(params, scale, {**seeded, "rl.scores.out_dir": str(shared_dir / scores)}, arm)
+                plan.shared.setdefault(scores, settings)
+            plan.jobs.append(Job(arm.name, seed, settings, run_dir, *keys, scores=scores, rl=arm.rl))
     for job in plan.jobs:  # a model that no stage of the study builds must exist now
         try:
             if job.sft is not None and job.tiny is None:
@@ -375,7 +398,8 @@ def arm_params(plan: Plan, job: Job) -> dict[str, Any]:
     own = (f"rewards.{job.settings.rl.recipe}.",)
     differing = sorted(k for k in mine if is_method_key(k) and (not k.startswith("rewards.") or k.startswith(own))
                        and len({repr(f.get(k)) for f in flat.values()}) > 1)
-    return {"arm": job.arm, **{k: mine[k] for k in (*KEY_SETTINGS, *differing)}}
+    params = {"arm": job.arm, **{k: mine[k] for k in (*KEY_SETTINGS, *differing)}}
+    return params if job.rl else {**params, "rl.steps": 0}  # evaluated as RL would start it
 
 
 def _load(params: str | Path, scale: str, layered: dict[str, Any], arm: Arm) -> Settings:
@@ -414,6 +438,8 @@ def _paths(plan: Plan, s: Settings, keys: tuple[str, str | None, str | None], ru
 def shared_settings(plan: Plan, key: str) -> Settings:
     """The settings that build shared output ``key``, with its paths in the shared folder."""
     s = plan.shared[key]
+    if key.startswith("scores-"):  # a job's own settings: its policy and scores already in the shared folder
+        return s
     corpus, tiny = corpus_key(s), tiny_key(s)
     paths = {"data.out_dir": str(plan.shared_dir / corpus), "model.base_dir": str(plan.shared_dir / tiny),
              "sft.out_dir": str(plan.shared_dir / key)}
@@ -431,6 +457,7 @@ def _budget_notes(plan: Plan, gs: dict[str, int]) -> list[str]:
     per_arm = ", ".join(f"{a} G={g} × {b.trajectories_per_step // g} questions" for a, g in gs.items())
     same_g = len(set(gs.values())) == 1
     lcm = math.lcm(*gs.values())
+    no_rl = sorted({j.arm for j in plan.jobs if not j.rl})
     return [
         f"Every arm generates {b.trajectories_per_step} trajectories a step for {b.steps} steps "
         f"({b.trajectories_per_step * b.steps} in all)"
@@ -444,6 +471,10 @@ def _budget_notes(plan: Plan, gs: dict[str, int]) -> list[str]:
         "whose settings they read are equal, built once with the scale's seed, so the seeds vary RL and sampling only.",
         f"Every arm is evaluated on {', '.join(b.splits)} with the scale's protocol"
         + (f" ({b.eval_max_examples or 'all'} examples a split)" if b.eval_max_examples is not None else "") + ".",
+        *([f"No RL for {', '.join(no_rl)}: evaluated as the policy the other arms start RL from (their SFT "
+           "checkpoint); its seeds repeat one evaluation."] if no_rl else []),
+        *(["rl.questions is band: the starting policy scores the train questions once a seed, and arms of one output "
+           "format draw by the same scores."] if any(j.scores for j in plan.jobs) else []),
         (f"Scale {plan.scale}: the arms' presets contribute their method keys only (recipe, environment, loss, G, "
          "clipping, KL, reward weights, turn limits, sampling, test-time protocol); model, data, sizes and "
          "learning rate are the scale's; an LLM judge is off." if plan.scale != NO_PRESET else

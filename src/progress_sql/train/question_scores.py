@@ -40,8 +40,10 @@ from progress_sql.sql import BatchVerdicts, Candidate, GoldCache, SQLPool
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
-# The settings that decide the scores: a run of rl.questions band refuses scores made otherwise.
-SCORING_KEYS = ("rl.scores.k", "rl.scores.pool", "rl.seed", "rl.hardness", "rl.recipe", "generation.temperature",
+# The settings that decide the scores (with the output format rl.recipe teaches: recipes of one
+# format, such as progress and oneshot, share scores): a run of rl.questions band refuses scores
+# made otherwise.
+SCORING_KEYS = ("rl.scores.k", "rl.scores.pool", "rl.seed", "rl.hardness", "generation.temperature",
                 "generation.top_p", "generation.max_new_tokens", "env.prompt_style")
 SCORE_COMMAND = "progress-sql train score (the DVC stage score_questions)"
 
@@ -73,11 +75,16 @@ def policy_identity(init_from: str) -> str:
     return sha256_tree(path) if path.is_dir() else init_from
 
 
-def scoring_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
-    """What decides the scores: the settings of ``SCORING_KEYS`` and the sha256 of the train
-    split and of ``rl.init_from``."""
+def scoring_settings(settings: Settings) -> dict[str, Any]:
+    """The settings that decide the scores: ``SCORING_KEYS`` and the output format."""
     flat = dotted_items(settings.model_dump(mode="json"))
-    return {"settings": {key: flat[key] for key in SCORING_KEYS},
+    return {**{key: flat[key] for key in SCORING_KEYS}, "format": get_recipe(settings.rl.recipe).fmt}
+
+
+def scoring_fingerprint(settings: Settings, layout: CorpusLayout) -> dict[str, Any]:
+    """What decides the scores: the settings of ``SCORING_KEYS``, the output format, and the
+    sha256 of the train split and of ``rl.init_from``."""
+    return {"settings": scoring_settings(settings),
             "inputs": {"train split": sha256_file(layout.split("train")),
                        "policy": policy_identity(settings.rl.init_from)}}
 
