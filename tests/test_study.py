@@ -125,6 +125,8 @@ def test_cli_and_prefect_flow_give_the_same_table_and_name_a_failed_arm(tmp_path
     md = (report / "report.md").read_text()
     assert "| oneshot | dev | greedy | 1 | 2 |" in md  # the paired test of oneshot against the first arm
     assert "| start | dev | greedy | 1 | 2 |" in md and "No RL for start" in md
+    row = next(line for line in md.splitlines() if line.startswith("| start | dev | greedy | 1 | 2 |"))
+    assert row.split(" | ")[5].endswith("]") and row.split(" | ")[6].endswith("]"), row  # EX [95 % interval]
     start = json.loads((tmp_path / "cli" / "out" / "two" / "cpu-demo" / "start" / "seed-1" / "result.json").read_text())
     assert (start["status"], start["rl_steps"], start["generated_tokens"], start["metrics"]["dev/greedy/n"]) == (
         "done", 0, 0.0, 2)

@@ -3,7 +3,8 @@
 - ``report.md`` and ``report.html``, each standing alone (the figures inlined as data URIs, so
   the Prefect artifact, a mail or a copy show them): the budget, the table in the papers' shape
   (EX per split and mode per arm, mean ± standard deviation over seeds), each arm against the
-  first by the exact McNemar test of ``eval.paired`` (pooled over seeds, and per seed), the ODT
+  first by the exact McNemar test of ``eval.paired`` (pooled over seeds, and per seed with each
+  EX's 95 % Wilson interval), the ODT
   mismatch profile per arm, the cost of each arm, the failures;
 - ``table.json``: the table's numbers (what the three ways of running must agree on);
 - ``curves.png``: RL reward and rollout EX per step, every arm (mean over seeds);
@@ -114,7 +115,12 @@ def _paired_rows(plan: Plan, results: Sequence[JobResult]) -> list[list[str]]:
 
 
 def _paired_row(arm: str, split: str, mode: str, seeds: str, c: Any) -> list[str]:
-    return [arm, split, mode, seeds, str(c.n), f"{100 * c.ex_a:.1f}", f"{100 * c.ex_b:.1f}", str(len(c.gained)),
+    """A row of the paired table; one seed's EX with its 95 % Wilson interval (pooled seeds share
+    their questions, so their examples are not independent draws: no interval there)."""
+    def ex(share: float, ci: tuple[float, float]) -> str:
+        return f"{100 * share:.1f}" + ("" if seeds == "pooled" else f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]")
+
+    return [arm, split, mode, seeds, str(c.n), ex(c.ex_a, c.ci_a), ex(c.ex_b, c.ci_b), str(len(c.gained)),
             str(len(c.lost)), f"{c.p_value:.3g}"]
 
 
@@ -225,7 +231,8 @@ def write_report(plan: Plan, results: Sequence[JobResult], wall_seconds: float) 
             ("Figures", _plot(plan, results, data, aside)),
             (f"Each arm against {plan.arms[0]} (exact McNemar test, paired by question)",
              [("p", "Pooled: the examples of every seed both arms finished, paired by seed and question; then each "
-                    "seed alone. gained: right only in the arm; lost: right only in the first."),
+                    "seed alone, EX with its 95 % Wilson interval. gained: right only in the arm; lost: right only in "
+                    "the first."),
               ("table", ["arm", "split", "mode", "seeds", "n", f"EX {plan.arms[0]} %", "EX arm %", "gained", "lost",
                          "p"], _paired_rows(plan, results))]),
             ("ODT mismatch profile (greedy, % of profiled predictions; mean ± sd over seeds)",
